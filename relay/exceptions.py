@@ -1,0 +1,33 @@
+"""Relay's exceptions, one line each, carrying what a caller needs."""
+
+
+class InvalidToken(Exception):
+    """The connection token is missing, forged, expired, malformed or names no known user."""
+
+
+class ConnectionRefused(Exception):
+    """An extension refuses a WebSocket before it is acknowledged; `code` is the close code."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class FrameError(Exception):
+    """A client frame is refused; answered with an `error` frame and the socket kept."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ApiError(Exception):
+    """An HTTP API call is refused with `status` and a JSON error body."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message

@@ -1,0 +1,65 @@
+"""The log format and the event vocabulary (CONTRACT.md section 6).
+
+Events are logged as `log_event(logger, "presence.published", user=..., ...)`: the
+record's message is the event name and its fields travel on the record, so tests
+can assert them with `caplog` and both formatters can render them. Nothing secret
+(tokens, API keys, message text, lists of channel ids) is ever passed as a field.
+"""
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+FIELDS_ATTR = "event_fields"
+
+
+def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Log one event of the vocabulary with its fields."""
+    logger.log(level, event, extra={FIELDS_ATTR: fields})
+
+
+def event_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """Return the fields a record was logged with (empty for a plain log line)."""
+    return getattr(record, FIELDS_ATTR, {})
+
+
+def _timestamp(record: logging.LogRecord) -> datetime:
+    return datetime.fromtimestamp(record.created, tz=UTC)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: `time`, `level`, `event`, then the event's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": _timestamp(record).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+        }
+        if hasattr(record, FIELDS_ATTR):
+            line["event"] = record.getMessage()
+            line.update(event_fields(record))
+        else:
+            # A line from Django or a library: keep it parseable under the same shape.
+            line["event"] = "log"
+            line["logger"] = record.name
+            line["message"] = record.getMessage()
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class ConsoleFormatter(logging.Formatter):
+    """Readable lines for a terminal: `14:03:01 INFO  presence.published user=linh`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = _timestamp(record).astimezone().strftime("%H:%M:%S")
+        if hasattr(record, FIELDS_ATTR):
+            fields = " ".join(f"{key}={value}" for key, value in event_fields(record).items())
+            text = f"{record.getMessage()} {fields}".rstrip()
+        else:
+            text = f"{record.name}: {record.getMessage()}"
+        line = f"{when} {record.levelname:<5} {text}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line

@@ -1,0 +1,91 @@
+"""Who handles what on a connection: each app registers its own frames, events and hooks.
+
+The consumer looks a client frame's `type` up in `frames`, a channel-layer event's
+`type` up in `events`, and calls every `Extension` at the points of a connection's
+life. An app adds a frame family by registering here from its `AppConfig.ready`;
+nothing in the consumer needs editing (seed 000: "one family, one owning module").
+"""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from relay.consumers import GatewayConsumer
+
+FrameHandler = Callable[["GatewayConsumer", Any], Awaitable[None]]
+EventHandler = Callable[["GatewayConsumer", dict], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class FrameRoute:
+    """A client frame type: its payload schema, its handler and the error code for a bad payload."""
+
+    schema: type[BaseModel]
+    handler: FrameHandler
+    error_code: str
+
+
+frames: dict[str, FrameRoute] = {}
+events: dict[str, EventHandler] = {}
+extensions: list["Extension"] = []
+
+
+class Extension:
+    """Hooks an app adds to every connection; override the ones you need.
+
+    `admit` runs before the socket is accepted and may refuse it by raising
+    `relay.exceptions.ConnectionRefused`; nothing is sent to the client before
+    `connection.ack`, and channel-layer events wait until `opened` hooks are done.
+    Extensions run in ascending `order`; `closed` runs in reverse.
+    """
+
+    order: int = 100
+
+    async def admit(self, conn: "GatewayConsumer") -> None:
+        """Before accept: check limits, join groups. Raise ConnectionRefused to refuse."""
+
+    async def opened(self, conn: "GatewayConsumer") -> None:
+        """After `connection.ack` was sent."""
+
+    async def closed(self, conn: "GatewayConsumer") -> None:
+        """After the socket closed, for a connection this extension admitted."""
+
+    async def channel_added(self, conn: "GatewayConsumer", channel_id: str) -> None:
+        """The connection's user became a member of `channel_id`."""
+
+    async def channel_removed(self, conn: "GatewayConsumer", channel_id: str) -> None:
+        """The connection's user stopped being a member of `channel_id`."""
+
+
+def frame(frame_type: str, schema: type[BaseModel], *, error_code: str = "invalid_frame") -> Callable:
+    """Register the decorated coroutine as the handler of client frames of `frame_type`."""
+
+    def register(handler: FrameHandler) -> FrameHandler:
+        if frame_type in frames:
+            raise RuntimeError(f"frame type {frame_type!r} is already handled by {frames[frame_type].handler}")
+        frames[frame_type] = FrameRoute(schema=schema, handler=handler, error_code=error_code)
+        return handler
+
+    return register
+
+
+def event(event_type: str) -> Callable:
+    """Register the decorated coroutine as the handler of channel-layer events of `event_type`."""
+
+    def register(handler: EventHandler) -> EventHandler:
+        if event_type in events:
+            raise RuntimeError(f"event type {event_type!r} is already handled by {events[event_type]}")
+        events[event_type] = handler
+        return handler
+
+    return register
+
+
+def extension(instance: Extension) -> Extension:
+    """Register an extension instance for every connection."""
+    extensions.append(instance)
+    extensions.sort(key=lambda ext: ext.order)
+    return instance

@@ -1,0 +1,192 @@
+"""Relay's Django settings, read from the environment (see README, "Configuration").
+
+Every tunable an operator may set is an environment variable read through the strict
+helpers in `relay.env`: a bad value stops start-up with a message naming the variable.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from relay.env import check_redis_url, env_bool, env_choice, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# ── Django ───────────────────────────────────────────────────────────────────
+DEBUG = env_bool("DEBUG", False)
+# Dev-safe default only: a deployment sets its own. Tokens are signed with each
+# environment's own secret, never with this one.
+SECRET_KEY = env_str("SECRET_KEY", "relay-dev-insecure-secret-key-change-me-in-production")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "relay",
+    "presence",
+    "agents",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "relay.urls"
+ASGI_APPLICATION = "relay.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# ── Database ─────────────────────────────────────────────────────────────────
+DATABASES = {
+    "default": dj_database_url.parse(env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"), conn_max_age=0)
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several Daphne processes share one SQLite file: WAL lets readers run beside
+    # the single writer, IMMEDIATE takes the write lock when a transaction starts
+    # (instead of failing with "database is locked" when a reader upgrades), and
+    # the timeout makes a writer wait for the lock rather than error at once.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+    # Live-server tests run real Daphne processes against the test database, so it
+    # must be a file they can all open, not SQLite's default in-memory database.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ── Redis and the channel layer ──────────────────────────────────────────────
+# `make run` and the test fixtures start an embedded Redis and set RELAY_REDIS_URL;
+# the fallback is a Redis on the default local port.
+RELAY_REDIS_URL = check_redis_url("RELAY_REDIS_URL", env_str("RELAY_REDIS_URL", "redis://127.0.0.1:6379/0"))
+# Presence keys only, so an operator can put presence on its own Redis and let it
+# fail alone: the channel layer (and so messages) stays on RELAY_REDIS_URL.
+RELAY_PRESENCE_REDIS_URL = check_redis_url(
+    "RELAY_PRESENCE_REDIS_URL", env_str("RELAY_PRESENCE_REDIS_URL", RELAY_REDIS_URL)
+)
+
+CHANNEL_LAYER_BACKENDS = {
+    # One PUBLISH per group_send and one subscription per group per process: each
+    # instance fans out to its local sockets, the shape of seed 004's fabric.
+    "pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+    # Kept selectable so the benchmark can compare the two in one run.
+    "core": "channels_redis.core.RedisChannelLayer",
+}
+RELAY_CHANNEL_LAYER = env_choice("RELAY_CHANNEL_LAYER", "pubsub", tuple(CHANNEL_LAYER_BACKENDS))
+
+
+def channel_layers_for(url: str, backend: str = RELAY_CHANNEL_LAYER) -> dict:
+    """Return the CHANNEL_LAYERS setting for a Redis at `url`."""
+    return {
+        "default": {
+            "BACKEND": CHANNEL_LAYER_BACKENDS[backend],
+            "CONFIG": {"hosts": [url], "prefix": "relay"},
+        }
+    }
+
+
+CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL)
+
+# ── Presence (seed 004, FR-RTM-05..09) ───────────────────────────────────────
+# The production defaults, asserted once as constants by tests/test_settings.py.
+DEFAULT_PRESENCE_GRACE_MS = 30_000
+DEFAULT_PRESENCE_TTL_MS = 30_000
+DEFAULT_PRESENCE_REFRESH_MS = 10_000
+DEFAULT_PRESENCE_MARGIN_MS = 1_000
+DEFAULT_MAX_CONNECTIONS_PER_USER = 5
+
+# FR-RTM-06: how long a user may be gone before `offline` is published.
+RELAY_PRESENCE_GRACE_MS = env_int("RELAY_PRESENCE_GRACE_MS", DEFAULT_PRESENCE_GRACE_MS, minimum=1)
+# The presence key's TTL while connections are open.
+RELAY_PRESENCE_TTL_MS = env_int("RELAY_PRESENCE_TTL_MS", DEFAULT_PRESENCE_TTL_MS, minimum=1)
+# Three refreshes per TTL, so two consecutive misses do not expire a live user.
+RELAY_PRESENCE_REFRESH_MS = env_int("RELAY_PRESENCE_REFRESH_MS", DEFAULT_PRESENCE_REFRESH_MS, minimum=1)
+# The grace check runs at grace + margin: on the grace itself, the re-pinned key's
+# expiry and the timer are one instant reached by two clocks (seed 004, R2b).
+RELAY_PRESENCE_MARGIN_MS = env_int("RELAY_PRESENCE_MARGIN_MS", DEFAULT_PRESENCE_MARGIN_MS, minimum=1)
+# FR-RTM-09, enforced across all instances.
+RELAY_MAX_CONNECTIONS_PER_USER = env_int("RELAY_MAX_CONNECTIONS_PER_USER", DEFAULT_MAX_CONNECTIONS_PER_USER, minimum=1)
+if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
+    raise ImproperlyConfigured(
+        "RELAY_PRESENCE_REFRESH_MS must be well inside RELAY_PRESENCE_TTL_MS "
+        f"(got refresh {RELAY_PRESENCE_REFRESH_MS} >= TTL {RELAY_PRESENCE_TTL_MS}): "
+        "a key refreshed no faster than it expires drops live users"
+    )
+
+# ── Agents (seed 000) ────────────────────────────────────────────────────────
+DEFAULT_AGENT_TTL_MS = 30_000
+RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)
+RELAY_AGENT_SWEEP_MS = env_int("RELAY_AGENT_SWEEP_MS", max(1, RELAY_AGENT_TTL_MS // 3), minimum=1)
+
+# ── Demo client and first-run data (`make run`) ──────────────────────────────
+RELAY_DEMO = env_bool("RELAY_DEMO", False)
+
+# ── Logging ──────────────────────────────────────────────────────────────────
+RELAY_LOG_FORMAT = env_choice("RELAY_LOG_FORMAT", "json", ("json", "console"))
+RELAY_LOG_LEVEL = env_choice("RELAY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "relay.logging.JsonFormatter"},
+        "console": {"()": "relay.logging.ConsoleFormatter"},
+    },
+    "handlers": {
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stderr",
+            "formatter": RELAY_LOG_FORMAT,
+        },
+    },
+    "root": {"handlers": ["stderr"], "level": RELAY_LOG_LEVEL},
+    "loggers": {
+        # Request lines for every API call are noise next to the event vocabulary.
+        "django.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}
+
+# ── Static files, i18n, auth ─────────────────────────────────────────────────
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+# `python manage.py test` runs the same pytest suite as `make test`.
+TEST_RUNNER = "relay.test_runner.PytestRunner"

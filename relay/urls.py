@@ -1,0 +1,18 @@
+"""Admin, the /v1 API, health and metrics."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+from relay import api
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("healthz", api.healthz),
+    path("readyz", api.readyz),
+    path("v1/users", api.users),
+    path("v1/channels", api.channels),
+    path("v1/channels/<str:channel_id>/members/<path:user_id>", api.member),
+    path("v1/tokens", api.tokens),
+    path("", include("presence.urls")),
+    path("", include("agents.urls")),
+]

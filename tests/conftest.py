@@ -1,0 +1,163 @@
+"""Shared fixtures: a real Redis, tenants with their personas, API and WebSocket clients.
+
+Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
+"fleet" (private) and "general" (public); "hermit" belongs to nothing. Tenant
+"globex" is the other side of every tenant wall and has its own "linh".
+"""
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import Client
+
+from relay.embedded_redis import EmbeddedRedis
+from relay.models import ApiKey, Channel, Environment, Membership, User
+from relay.settings import channel_layers_for
+from relay.tokens import mint_token
+from tests.support import Instance, instance_env, new_instance
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis | None]:
+    """The suite's Redis: RELAY_REDIS_URL when set, else a private embedded redis-server."""
+    if os.environ.get("RELAY_REDIS_URL"):
+        yield None
+        return
+    server = EmbeddedRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: EmbeddedRedis | None) -> str:
+    return redis_server.url if redis_server else os.environ["RELAY_REDIS_URL"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _point_settings_at_test_redis(redis_url: str) -> None:
+    # Settings were read before any fixture could start Redis, so the channel layer
+    # and presence store are pointed at it here, before anything connects.
+    settings.RELAY_REDIS_URL = redis_url
+    settings.RELAY_PRESENCE_REDIS_URL = redis_url
+    settings.CHANNEL_LAYERS = channel_layers_for(redis_url)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_redis(redis_url: str) -> None:
+    """Every test starts with an empty Redis and a fresh channel layer."""
+    from channels.layers import channel_layers
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    client.close()
+    channel_layers.backends.clear()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@dataclass
+class Tenant:
+    """An environment with its API key, users by id and channels by name."""
+
+    environment: Environment
+    api_key: str
+    users: dict[str, User] = field(default_factory=dict)
+    channels: dict[str, Channel] = field(default_factory=dict)
+
+    def add_user(self, user_id: str, name: str = "") -> User:
+        user = User.objects.create(environment=self.environment, external_id=user_id, name=name or user_id.title())
+        self.users[user_id] = user
+        return user
+
+    def add_channel(self, name: str, kind: str = "public", members: tuple[str, ...] = ()) -> Channel:
+        channel = Channel.objects.create(environment=self.environment, name=name, type=kind)
+        for user_id in members:
+            Membership.objects.create(channel=channel, user=self.users[user_id])
+        self.channels[name] = channel
+        return channel
+
+    def token(self, user_id: str, ttl_seconds: int = 3600) -> str:
+        return mint_token(self.environment, user_id, ttl_seconds)[0]
+
+
+@pytest.fixture
+def make_tenant(db: None) -> Callable[[str], Tenant]:
+    """A factory of empty tenants, each with one API key."""
+
+    def make(name: str) -> Tenant:
+        environment = Environment.objects.create(name=name)
+        _, secret = ApiKey.issue(environment)
+        return Tenant(environment=environment, api_key=secret)
+
+    return make
+
+
+@pytest.fixture
+def acme(make_tenant: Callable[[str], Tenant]) -> Tenant:
+    tenant = make_tenant("acme")
+    for user_id in ("linh", "tuan", "hermit"):
+        tenant.add_user(user_id)
+    tenant.add_channel("fleet", "private", members=("linh", "tuan"))
+    tenant.add_channel("general", "public", members=("linh", "tuan"))
+    return tenant
+
+
+@pytest.fixture
+def globex(make_tenant: Callable[[str], Tenant]) -> Tenant:
+    tenant = make_tenant("globex")
+    tenant.add_user("linh")
+    tenant.add_user("zed")
+    tenant.add_channel("board", "private", members=("linh", "zed"))
+    return tenant
+
+
+class ApiClient:
+    """Django's test client speaking JSON with a Bearer API key."""
+
+    def __init__(self, api_key: str | None) -> None:
+        self.client = Client()
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def call(self, method: str, path: str, body: object = None, raw: str | bytes | None = None):
+        data = raw if raw is not None else (json.dumps(body) if body is not None else "")
+        return getattr(self.client, method.lower())(
+            path, data=data, content_type="application/json", headers=self.headers
+        )
+
+
+@pytest.fixture
+def api_for() -> Callable[[Tenant | None], ApiClient]:
+    return lambda tenant: ApiClient(tenant.api_key if tenant else None)
+
+
+@pytest.fixture
+def live_instances(transactional_db: None, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., list[Instance]]]:
+    """Start `count` real Daphne processes on the test database and Redis.
+
+    Keyword arguments become environment variables (e.g. RELAY_PRESENCE_GRACE_MS="300").
+    Every instance is stopped when the test ends.
+    """
+    started: list[Instance] = []
+    database = settings.DATABASES["default"]["NAME"]
+
+    def start(count: int = 2, **overrides: str) -> list[Instance]:
+        env = instance_env(str(database), overrides.pop("RELAY_REDIS_URL", redis_url), **overrides)
+        instances = [new_instance(f"gw{len(started) + i}", tmp_path, env) for i in range(count)]
+        for instance in instances:
+            started.append(instance.start())
+        return instances
+
+    yield start
+    for instance in started:
+        instance.stop()

@@ -1,0 +1,206 @@
+"""Test support: live Daphne instances and a WebSocket client that records every frame.
+
+Multi-instance behaviour is tested the way seed 004's integration suite does it:
+several real Daphne processes on one real Redis and one database file, with
+timings scaled down through the same environment variables an operator sets.
+"""
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from relay.embedded_redis import free_port
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def http(method: str, url: str, body: Any = None, api_key: str | None = None) -> tuple[int, Any]:
+    """Make one HTTP call; return the status and the decoded JSON body (or None)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        status = error.code
+    return status, (json.loads(raw) if raw else None)
+
+
+@dataclass
+class Instance:
+    """One real Daphne process serving relay.asgi:application."""
+
+    name: str
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ws_url(self, token: str, cursor: dict | None = None) -> str:
+        url = f"ws://127.0.0.1:{self.port}/v1/ws?token={quote(token)}"
+        if cursor is not None:
+            url += "&cursor=" + quote(json.dumps(cursor))
+        return url
+
+    def start(self, timeout: float = 30.0) -> "Instance":
+        """Start Daphne and wait until /healthz answers."""
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "relay.asgi:application"],
+            cwd=BASE_DIR,
+            env=self.env,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daphne {self.name} exited:\n{self.log_path.read_text()[-4000:]}")
+            with contextlib.suppress(OSError):
+                if http("GET", f"{self.http_url}/healthz")[0] == 200:
+                    return self
+            time.sleep(0.05)
+        raise RuntimeError(f"daphne {self.name} did not answer /healthz in {timeout}s")
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM): sockets are closed and timers cancelled."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        """Die without closing anything (SIGKILL), as a crashed host would."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def events(self, event: str | None = None) -> list[dict]:
+        """The JSON log lines this instance wrote, optionally only one event's."""
+        lines = []
+        for raw in self.log_path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                line = json.loads(raw)
+                if isinstance(line, dict) and (event is None or line.get("event") == event):
+                    lines.append(line)
+        return lines
+
+
+def instance_env(database_path: str, redis_url: str, **overrides: str) -> dict[str, str]:
+    """The environment of a live instance: the test database and Redis, scaled timings, JSON logs."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RELAY_")}
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "relay.settings",
+            "DATABASE_URL": f"sqlite:///{database_path}",
+            "RELAY_REDIS_URL": redis_url,
+            "RELAY_LOG_FORMAT": "json",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+def new_instance(name: str, directory: Path, env: dict[str, str]) -> Instance:
+    """An Instance on a free port, logging to `directory/name.log` (not started)."""
+    return Instance(name=name, port=free_port(), env=env, log_path=directory / f"{name}.log")
+
+
+@dataclass
+class WsClient:
+    """A real WebSocket client that records every frame it receives, in order."""
+
+    connection: ClientConnection
+    frames: list[dict] = field(default_factory=list)
+    close_code: int | None = None
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    _reader: asyncio.Task | None = None
+
+    @classmethod
+    async def open(cls, url: str) -> "WsClient":
+        client = cls(await websockets.connect(url, open_timeout=10, max_size=2**21))
+        client._reader = asyncio.create_task(client._read())
+        return client
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.connection:
+                self.frames.append(json.loads(raw))
+                self._arrived.set()
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self.connection.close_code
+            self._arrived.set()
+
+    async def send(self, frame_type: str, payload: Any) -> None:
+        await self.connection.send(json.dumps({"type": frame_type, "payload": payload}))
+
+    async def send_raw(self, text: str) -> None:
+        await self.connection.send(text)
+
+    def of_type(self, frame_type: str) -> list[dict]:
+        return [frame["payload"] for frame in self.frames if frame["type"] == frame_type]
+
+    async def wait_for(self, predicate: Any, timeout: float = 5.0) -> Any:
+        """Wait until `predicate(self)` is truthy and return its value."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            result = predicate(self)
+            if result:
+                return result
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError(f"condition not met in {timeout}s; frames so far: {self.frames}")
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    async def next_of(self, frame_type: str, timeout: float = 5.0, after: int = 0) -> dict:
+        """Wait for the first frame of `frame_type` at index >= `after`; return its payload."""
+
+        def found(client: "WsClient") -> dict | None:
+            for frame in client.frames[after:]:
+                if frame["type"] == frame_type:
+                    return frame["payload"]
+            return None
+
+        return await self.wait_for(found, timeout)
+
+    async def closed(self, timeout: float = 5.0) -> int:
+        """Wait for the server to close the socket; return the close code."""
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        return self.close_code
+
+    async def close(self) -> None:
+        await self.connection.close()
+        if self._reader:
+            await self._reader

@@ -1,0 +1,95 @@
+"""Tokens: bound to one environment and one user, signed with that environment's secret."""
+
+from datetime import UTC, datetime, timedelta
+
+import jwt
+import pytest
+
+from relay.exceptions import InvalidToken
+from relay.tokens import mint_token, verify_token
+
+
+def test_a_token_names_its_user_in_its_environment(acme):
+    user = verify_token(acme.token("linh"))
+    assert (user.environment_id, user.external_id) == (acme.environment.id, "linh")
+
+
+def test_an_expired_token_is_refused(acme):
+    token, _ = mint_token(acme.environment, "linh", 60, now=datetime.now(UTC) - timedelta(hours=1))
+    assert verify_token(acme.token("linh")).external_id == "linh"
+    with pytest.raises(InvalidToken):
+        verify_token(token)
+
+
+def test_a_token_signed_with_another_secret_is_refused(acme):
+    forged = jwt.encode(
+        {
+            "env": str(acme.environment.id),
+            "sub": "linh",
+            "iat": datetime.now(UTC),
+            "exp": datetime.now(UTC) + timedelta(hours=1),
+        },
+        "a-secret-that-is-long-enough-but-not-the-real-one",
+        algorithm="HS256",
+    )
+    with pytest.raises(InvalidToken):
+        verify_token(forged)
+
+
+def test_a_token_claiming_another_environment_is_refused(acme, globex):
+    # Signed with acme's secret but naming globex: the signature only checks against globex's.
+    claims = {
+        "env": str(globex.environment.id),
+        "sub": "linh",
+        "iat": datetime.now(UTC),
+        "exp": datetime.now(UTC) + timedelta(hours=1),
+    }
+    forged = jwt.encode(claims, acme.environment.signing_secret, algorithm="HS256")
+    assert verify_token(globex.token("linh")).environment_id == globex.environment.id
+    with pytest.raises(InvalidToken):
+        verify_token(forged)
+
+
+def test_a_token_for_a_user_of_another_tenant_is_refused(acme, globex):
+    assert verify_token(globex.token("zed")).external_id == "zed"
+    with pytest.raises(InvalidToken):
+        verify_token(acme.token("zed"))
+
+
+@pytest.mark.parametrize("token", [None, "", "garbage", "a.b.c", "eyJhbGciOiJub25lIn0.eyJlbnYiOiJ4In0."])
+def test_missing_and_malformed_tokens_are_refused(acme, token):
+    with pytest.raises(InvalidToken):
+        verify_token(token)
+
+
+def test_the_none_algorithm_is_refused(acme):
+    unsigned = jwt.encode(
+        {
+            "env": str(acme.environment.id),
+            "sub": "linh",
+            "iat": datetime.now(UTC),
+            "exp": datetime.now(UTC) + timedelta(hours=1),
+        },
+        None,
+        algorithm="none",
+    )
+    with pytest.raises(InvalidToken):
+        verify_token(unsigned)
+
+
+def test_a_tenant_backend_can_mint_its_own_tokens_with_the_signing_secret(acme):
+    now = datetime.now(UTC)
+    own = jwt.encode(
+        {"env": str(acme.environment.id), "sub": "tuan", "iat": now, "exp": now + timedelta(minutes=5)},
+        acme.environment.signing_secret,
+        algorithm="HS256",
+    )
+    assert verify_token(own).external_id == "tuan"
+
+
+def test_rotating_the_secret_invalidates_earlier_tokens(acme):
+    before = acme.token("linh")
+    acme.environment.rotate_signing_secret()
+    assert verify_token(acme.token("linh")).external_id == "linh"
+    with pytest.raises(InvalidToken):
+        verify_token(before)

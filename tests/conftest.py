@@ -23,6 +23,12 @@ from relay.tokens import mint_token
 from tests.support import Instance, instance_env, new_instance
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The test database is a file (live Daphne processes share it) in var/, which a
+    # fresh clone does not have yet.
+    Path(settings.DATABASES["default"]["TEST"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis | None]:
     """The suite's Redis: RELAY_REDIS_URL when set, else a private embedded redis-server."""

@@ -16,6 +16,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
 from relay import membership
@@ -165,6 +166,12 @@ def tokens(request: HttpRequest) -> HttpResponse:
     user = get_user(request.environment, body.user)
     token, expires_at = mint_token(request.environment, user.external_id, body.ttl_seconds)
     return JsonResponse({"token": token, "expires_at": expires_at.isoformat()}, status=201)
+
+
+@endpoint("GET", authenticated=False)
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format for this instance."""
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 
 @endpoint("GET", authenticated=False)

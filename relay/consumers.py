@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from relay import registry
+from relay import metrics, registry
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
 from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
 from relay.logging import log_event
@@ -55,6 +55,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         except InvalidToken:
             # Accepted then closed, so a browser client sees the 4401 (a refused
             # handshake is only ever a 1006 to JavaScript). Nothing else is sent.
+            metrics.REFUSED.labels(code=str(CLOSE_UNAUTHORIZED)).inc()
             await self.accept()
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
@@ -65,6 +66,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 await ext.admit(self)
                 self.admitted.append(ext)
         except ConnectionRefused as refusal:
+            metrics.REFUSED.labels(code=str(refusal.code)).inc()
             await self._release()
             await self.accept()
             await self.close(code=refusal.code)
@@ -72,6 +74,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(user_group(self.user.pk), self.channel_name)
         await self.accept()
         self.is_open = True
+        metrics.CONNECTS.inc()
+        metrics.CONNECTIONS_OPEN.inc()
         log_event(logger, "connection.opened", connection_id=self.connection_id, user=self.user_id)
         await self.send_frame(
             "connection.ack",
@@ -85,6 +89,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         await self.channel_layer.group_discard(user_group(self.user.pk), self.channel_name)
         await self._release()
+        metrics.CLOSES.inc()
+        metrics.CONNECTIONS_OPEN.dec()
         log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
 
     async def _release(self) -> None:
@@ -122,6 +128,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.send_error("invalid_frame", describe_validation_error(error))
             return
         route = registry.frames.get(envelope.type)
+        # Only registered types become label values, so a client cannot grow the series.
+        metrics.FRAMES_IN.labels(type=envelope.type if route else "unknown").inc()
         if route is None:
             await self.send_error("invalid_frame", f"unknown frame type {envelope.type!r}", envelope.type)
             return
@@ -158,6 +166,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     # ── sending ──────────────────────────────────────────────────────────────
     async def send_frame(self, frame_type: str, payload: dict) -> None:
         """Send one `{"type", "payload"}` frame."""
+        metrics.FRAMES_OUT.labels(type=frame_type).inc()
         await self.send(text_data=json.dumps({"type": frame_type, "payload": payload}, separators=(",", ":")))
 
     async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:

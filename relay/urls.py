@@ -9,6 +9,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", api.healthz),
     path("readyz", api.readyz),
+    path("metrics", api.metrics),
     path("v1/users", api.users),
     path("v1/channels", api.channels),
     path("v1/channels/<str:channel_id>/members/<path:user_id>", api.member),

@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench bench-quick clean
+.PHONY: run test test-postgres lint format bench bench-quick clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ run: $(STAMP)
 test: $(STAMP) lint
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
+
+## The same suite against a private PostgreSQL cluster (the production database).
+test-postgres: $(STAMP)
+	scripts/with-postgres $(PY) -m pytest
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

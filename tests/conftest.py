@@ -20,13 +20,15 @@ from relay.embedded_redis import EmbeddedRedis
 from relay.models import ApiKey, Channel, Environment, Membership, User
 from relay.settings import channel_layers_for
 from relay.tokens import mint_token
-from tests.support import Instance, instance_env, new_instance
+from tests.support import Instance, database_url, instance_env, new_instance
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # The test database is a file (live Daphne processes share it) in var/, which a
     # fresh clone does not have yet.
-    Path(settings.DATABASES["default"]["TEST"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    test_name = settings.DATABASES["default"]["TEST"].get("NAME")
+    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and test_name:
+        Path(test_name).parent.mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -155,10 +157,10 @@ def live_instances(transactional_db: None, redis_url: str, tmp_path: Path) -> It
     Every instance is stopped when the test ends.
     """
     started: list[Instance] = []
-    database = settings.DATABASES["default"]["NAME"]
+    database = database_url(settings.DATABASES["default"])
 
     def start(count: int = 2, **overrides: str) -> list[Instance]:
-        env = instance_env(str(database), overrides.pop("RELAY_REDIS_URL", redis_url), **overrides)
+        env = instance_env(database, overrides.pop("RELAY_REDIS_URL", redis_url), **overrides)
         instances = [new_instance(f"gw{len(started) + i}", tmp_path, env) for i in range(count)]
         for instance in instances:
             started.append(instance.start())

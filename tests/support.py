@@ -113,13 +113,21 @@ class Instance:
         return lines
 
 
-def instance_env(database_path: str, redis_url: str, **overrides: str) -> dict[str, str]:
+def database_url(database: dict) -> str:
+    """The DATABASE_URL of Django's `database` settings (the test database, once created)."""
+    if database["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{database['NAME']}"
+    credentials = quote(database["USER"] or "") + (f":{quote(database['PASSWORD'])}" if database["PASSWORD"] else "")
+    return f"postgres://{credentials}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+
+
+def instance_env(database: str, redis_url: str, **overrides: str) -> dict[str, str]:
     """The environment of a live instance: the test database and Redis, scaled timings, JSON logs."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("RELAY_")}
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "relay.settings",
-            "DATABASE_URL": f"sqlite:///{database_path}",
+            "DATABASE_URL": database,
             "RELAY_REDIS_URL": redis_url,
             "RELAY_LOG_FORMAT": "json",
             "PYTHONUNBUFFERED": "1",

@@ -6,7 +6,6 @@ import sys
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
 
 from relay import settings as relay_settings
 from relay.env import env_bool, env_int
@@ -74,13 +73,25 @@ def test_a_redis_url_that_is_not_one_stops_start_up():
     assert _start_up(RELAY_REDIS_URL="redis://127.0.0.1:1/0").returncode == 0
 
 
-@pytest.mark.django_db
-def test_sqlite_runs_in_wal_mode_with_immediate_transactions():
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA journal_mode")
-        assert cursor.fetchone()[0] == "wal"
-    assert settings.DATABASES["default"]["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
-    assert settings.DATABASES["default"]["OPTIONS"]["timeout"] > 0
+def test_sqlite_runs_in_wal_mode_with_immediate_transactions(tmp_path):
+    # In a child process with its own SQLite file, so this holds whichever database the suite runs on.
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.db import connection; c = connection.cursor(); "
+            "print(c.execute('PRAGMA journal_mode').fetchone()[0], connection.transaction_mode)",
+        ],
+        env={
+            "DJANGO_SETTINGS_MODULE": "relay.settings",
+            "PATH": "/usr/bin:/bin",
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'wal.sqlite3'}",
+        },
+        capture_output=True,
+        text=True,
+        cwd=settings.BASE_DIR,
+    )
+    assert probe.stdout.split() == ["wal", "IMMEDIATE"], probe.stderr
 
 
 def test_database_url_selects_postgresql():

@@ -9,13 +9,16 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import OperationalError
 
 from agents import actions
 from agents.models import Registration
 from agents.sweeper import sweeper
+from relay import registry
 from relay.asgi import application
+from relay.frames import StrictModel
 from relay.logging import event_fields
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,6 +89,9 @@ def row(instance: str, tenant) -> Registration:
     return Registration.objects.select_related("identity").get(environment=tenant.environment, instance=instance)
 
 
+row_async = database_sync_to_async(row)
+
+
 async def test_register_is_acknowledged_and_the_row_is_visible(acme, clock, caplog):
     linh = await Worker.connect(acme.token("linh"))
     ack = await linh.register("w-1", cognition="planner", weight=0.5, family="gpt", host="box-7")
@@ -110,28 +116,37 @@ async def test_a_capability_may_be_omitted_or_partial(acme, clock):
     await linh.close()
 
 
-async def test_the_connection_keeps_what_it_registered_in_memory(acme, clock):
-    seen_states = []
+class NoPayload(StrictModel):
+    pass
 
-    from agents import handlers
 
-    original = handlers.registered_instances
+@pytest.fixture
+def state_probe():
+    """A frame that answers with the connection's agent state, registered the way an app would."""
 
-    def spy(conn):
-        seen_states.append(conn.state)
-        return original(conn)
+    @registry.frame("test.agents_state", NoPayload)
+    async def probe(conn, payload: NoPayload) -> None:
+        await conn.send_frame("test.agents_state", conn.state.get("agents", {}))
 
+    yield
+    del registry.frames["test.agents_state"]
+
+
+async def test_the_connection_keeps_what_it_registered_in_memory(acme, clock, state_probe):
     linh = await Worker.connect(acme.token("linh"))
-    handlers.registered_instances = spy
-    try:
-        await linh.register("w-1", family="gpt")
-        await linh.register("w-2")
-        await linh.send("deregister", {"instance": "w-2"})
-        assert (await linh.receive())["type"] == "deregister.ack"
-    finally:
-        handlers.registered_instances = original
-    assert seen_states[-1]["agents"] == {"w-1": {"family": "gpt"}}
+    await linh.register("w-1", family="gpt", weight=1.5)
+    await linh.register("w-2")
+    await linh.send("deregister", {"instance": "w-2"})
+    assert (await linh.receive())["type"] == "deregister.ack"
+    tuan = await Worker.connect(acme.token("tuan"))
+    assert (await tuan.register("w-1"))["payload"]["code"] == "instance_owned"
+    await linh.send("test.agents_state", {})
+    assert (await linh.receive())["payload"] == {"w-1": {"family": "gpt", "weight": 1.5}}
+    # A refused registration leaves the connection's state as it was.
+    await tuan.send("test.agents_state", {})
+    assert (await tuan.receive())["payload"] == {}
     await linh.close()
+    await tuan.close()
 
 
 async def test_re_registration_by_the_same_identity_keeps_registered_at_and_refreshes_the_rest(acme, clock):
@@ -338,9 +353,3 @@ async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(ac
     monkeypatch.setattr(actions, "do_register", working)
     assert (await linh.register("w-1"))["type"] == "register.ack"
     await linh.close()
-
-
-async def row_async(instance: str, tenant) -> Registration:
-    from channels.db import database_sync_to_async
-
-    return await database_sync_to_async(row)(instance, tenant)

@@ -25,8 +25,10 @@ from tests.support import Instance, instance_env, new_instance
 
 def pytest_configure(config: pytest.Config) -> None:
     # The test database is a file (live Daphne processes share it) in var/, which a
-    # fresh clone does not have yet.
-    Path(settings.DATABASES["default"]["TEST"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # fresh clone does not have yet. Only on SQLite: PostgreSQL names its own test database.
+    test_database = settings.DATABASES["default"]["TEST"].get("NAME")
+    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and test_database:
+        Path(test_database).parent.mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ concurrent sweeps safe, so no instance needs to know about the others.
 """
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ class Sweeper:
 
     def __init__(self) -> None:
         self.task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
 
     def ensure_running(self) -> None:
         """Start the periodic sweep on the running loop unless it already runs there."""
@@ -36,21 +36,25 @@ class Sweeper:
         # A task of another loop belongs to a loop that has ended (each test has its own).
         if self.task is not None and not self.task.done() and self.task.get_loop() is loop:
             return
-        self.task = loop.create_task(self._run(), name="agents.sweeper")
+        self._stopping = asyncio.Event()
+        self.task = loop.create_task(self._run(self._stopping), name="agents.sweeper")
 
     async def stop(self) -> None:
-        """Cancel the periodic sweep and wait until it has ended."""
+        """End the periodic sweep, letting a sweep in progress finish first."""
         task, self.task = self.task, None
         if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Not task.cancel(): a cancelled await leaves the sweep running on in its worker
+        # thread, holding a database connection after the sweeper claims to have stopped.
+        self._stopping.set()
+        await task
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(settings.RELAY_AGENT_SWEEP_MS / 1000)
-            await self.sweep_once()
+    async def _run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), timeout=settings.RELAY_AGENT_SWEEP_MS / 1000)
+            except TimeoutError:
+                await self.sweep_once()
 
     async def sweep_once(self) -> int:
         """Sweep now; return how many rows were removed (0 when the sweep failed, which is logged)."""

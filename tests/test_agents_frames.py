@@ -12,6 +12,7 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import OperationalError
+from prometheus_client import REGISTRY
 
 from agents import actions
 from agents.models import Registration
@@ -89,7 +90,15 @@ def row(instance: str, tenant) -> Registration:
     return Registration.objects.select_related("identity").get(environment=tenant.environment, instance=instance)
 
 
+def rows_exist(**lookups: object) -> bool:
+    return Registration.objects.filter(**lookups).exists()
+
+
+# database_sync_to_async rather than the async ORM: it closes its connection after each
+# call, so PostgreSQL can drop the test database when the session ends.
 row_async = database_sync_to_async(row)
+rows_exist_async = database_sync_to_async(rows_exist)
+count_async = database_sync_to_async(lambda: Registration.objects.count())
 
 
 async def test_register_is_acknowledged_and_the_row_is_visible(acme, clock, caplog):
@@ -166,7 +175,12 @@ async def test_re_registration_by_the_same_identity_keeps_registered_at_and_refr
     await second.close()
 
 
+def registrations_counted(outcome: str) -> float:
+    return REGISTRY.get_sample_value("relay_agent_registrations_total", {"outcome": outcome}) or 0.0
+
+
 async def test_another_identity_cannot_take_over_an_instance(acme, clock, caplog):
+    before = {outcome: registrations_counted(outcome) for outcome in ("created", "refreshed", "rejected")}
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1", host="box-7")
     clock.advance(seconds=5)
@@ -182,6 +196,9 @@ async def test_another_identity_cannot_take_over_an_instance(acme, clock, caplog
     assert rejected == [{"instance": "w-1", "reason": "instance_owned", "environment": str(acme.environment.id)}]
     # Tuan's socket is still open and his own instances register fine.
     assert (await tuan.register("t-1"))["type"] == "register.ack"
+    assert (await linh.register("w-1"))["type"] == "register.ack"
+    counted = {outcome: registrations_counted(outcome) - before[outcome] for outcome in before}
+    assert counted == {"created": 2, "refreshed": 1, "rejected": 1}
     await linh.close()
     await tuan.close()
 
@@ -208,7 +225,7 @@ async def test_a_foreign_or_unknown_heartbeat_is_a_silent_no_op(acme, clock):
     assert (await tuan.register("t-1"))["type"] == "register.ack"
     assert await tuan.nothing_more()
     assert (await row_async("w-1", acme)).last_seen == T0
-    assert not await Registration.objects.filter(instance="nobody").aexists()
+    assert not await rows_exist_async(instance="nobody")
     await linh.close()
     await tuan.close()
 
@@ -218,7 +235,7 @@ async def test_deregister_removes_the_callers_own_row(acme, clock, caplog):
     await linh.register("w-1")
     await linh.send("deregister", {"instance": "w-1"})
     assert await linh.receive() == {"type": "deregister.ack", "payload": {"instance": "w-1"}}
-    assert not await Registration.objects.filter(instance="w-1").aexists()
+    assert not await rows_exist_async(instance="w-1")
     assert [event_fields(r)["instance"] for r in caplog.records if r.getMessage() == "agent.deregistered"] == ["w-1"]
     await linh.close()
 
@@ -262,7 +279,7 @@ async def test_instance_ids_are_per_tenant(acme, globex, clock):
     await globex_linh.send("deregister", {"instance": "w-1"})
     assert await globex_linh.receive() == {"type": "deregister.ack", "payload": {"instance": "w-1"}}
     assert (await row_async("w-1", acme)).last_seen == T0
-    assert not await Registration.objects.filter(environment=globex.environment).aexists()
+    assert not await rows_exist_async(environment=globex.environment)
     await acme_linh.close()
     await globex_linh.close()
 
@@ -305,10 +322,10 @@ async def test_a_malformed_register_is_rejected_and_writes_nothing(acme, clock, 
     error = await linh.receive()
     assert error["type"] == "error"
     assert (error["payload"]["code"], error["payload"]["type"]) == ("invalid_payload", "register")
-    assert not await Registration.objects.aexists()
+    assert not await rows_exist_async()
     # The socket stays open: a good register afterwards is acknowledged and written.
     assert (await linh.register("w", weight=1))["type"] == "register.ack"
-    assert await Registration.objects.acount() == 1
+    assert await count_async() == 1
     await linh.close()
 
 

@@ -54,7 +54,10 @@ class Envelope(StrictModel):
     """`{"type": "...", "payload": {...}}`, the shape of every frame both ways."""
 
     type: Annotated[str, Field(min_length=1, max_length=64)]
-    payload: dict[str, Any]
+    # Any JSON value here: whether it is the right object is the frame type's schema's call,
+    # so a non-object payload of a known type gets that family's error code (`invalid_payload`
+    # for the agent families), like any other payload of the wrong shape.
+    payload: Any
 
 
 # ── client → server ──────────────────────────────────────────────────────────

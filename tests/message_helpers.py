@@ -72,8 +72,8 @@ class Socket:
         self._reader: asyncio.Task | None = None
 
     @classmethod
-    async def open(cls, token: str, cursor: str | None = None) -> "Socket":
-        path = f"/v1/ws?token={quote(token)}" + ("" if cursor is None else f"&cursor={quote(cursor)}")
+    async def open(cls, token: str, cursor: str | None = None, extra_query: str = "") -> "Socket":
+        path = f"/v1/ws?token={quote(token)}" + ("" if cursor is None else f"&cursor={quote(cursor)}") + extra_query
         communicator = WebsocketCommunicator(application, path)
         connected, _ = await communicator.connect(timeout=5)
         assert connected

@@ -110,6 +110,19 @@ async def test_a_malformed_cursor_gets_an_error_no_backfill_and_the_socket_stays
     await linh.close()
 
 
+async def test_two_cursors_are_refused_rather_than_one_picked(acme):
+    fleet = acme.channels["fleet"]
+    await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 2)
+
+    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}), extra_query="&cursor=%7B%7D")
+    error = await linh.next_of("error")
+    await linh.send_and_ack(send_payload(fleet, "live"))
+
+    assert error["code"] == "invalid_cursor"
+    await linh.wait_for(lambda s: s.seqs() == [3])
+    await linh.close()
+
+
 async def test_a_cursor_naming_channels_the_user_is_not_in_resumes_only_its_own(acme, globex):
     fleet, board = acme.channels["fleet"], globex.channels["board"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 2)

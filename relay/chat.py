@@ -98,10 +98,10 @@ async def message_created(conn: "GatewayConsumer", event: dict) -> None:
     except (KeyError, TypeError, ValueError):
         log_event(logger, "message.invalid_event", logging.ERROR, connection_id=conn.connection_id)
         return
-    stream: Stream | None = conn.state.get(STATE_KEY)
     # A removed member stops receiving at once, even events already queued for it.
-    if stream is None or channel_id not in conn.channel_ids:
+    if channel_id not in conn.channel_ids:
         return
+    stream: Stream = conn.state[STATE_KEY]
     held = stream.held.get(channel_id)
     if held is not None:
         held.append(message)
@@ -148,9 +148,9 @@ class Messages(registry.Extension):
 
     async def closed(self, conn: "GatewayConsumer") -> None:
         """Stop the resume and leave the groups."""
-        stream: Stream | None = conn.state.get(STATE_KEY)
-        if stream is not None and stream.backfill is not None:
-            stream.backfill.cancel()
+        backfill_task = conn.state[STATE_KEY].backfill
+        if backfill_task is not None:
+            backfill_task.cancel()
         for channel_id in sorted(conn.channel_ids):
             await conn.channel_layer.group_discard(messages_group(channel_id), conn.channel_name)
 
@@ -195,6 +195,9 @@ async def resume_channel(conn: "GatewayConsumer", stream: Stream, channel_id: st
     # Read after the group was joined (in `admit`): a message committed after this
     # read was published after the join, so it arrives live and is held. Commits are
     # in seq order (see relay.messaging), so everything up to `top` is in the table.
+    # (The core layer's group_add is a ZADD that Redis has applied when it returns;
+    # the pubsub layer's SUBSCRIBE has been written to Redis before this read starts,
+    # and the PUBLISH it must catch can only follow a later commit.)
     top = await read_last_seq(channel_id)
     # A position beyond the channel's last seq (a client's stale or foreign cursor)
     # must not swallow the live messages that come next.

@@ -221,3 +221,22 @@ async def test_an_event_that_is_not_a_message_is_dropped_not_delivered(acme, cap
     assert len(linh.of_type("message.created")) == 1
     assert "message.invalid_event" in [r.getMessage() for r in caplog.records]
     await linh.close()
+
+
+@pytest.mark.parametrize("server_type", ["message.created", "message.ack"])
+async def test_a_client_cannot_send_a_server_message_frame(acme, server_type):
+    linh = await Socket.open(acme.token("linh"))
+    tuan = await Socket.open(acme.token("tuan"))
+    fleet = acme.channels["fleet"]
+    forged = {"id": "x", "channel": str(fleet.id), "seq": 1, "user": "tuan", "text": "forged", "created_at": "now"}
+
+    await linh.send(server_type, forged)
+    refusal = await linh.next_of("error")
+    await linh.send_and_ack(send_payload(fleet, "real"))
+
+    assert refusal["code"] == "invalid_frame"
+    await tuan.wait_for(lambda s: s.seqs() == [1])
+    assert [m["text"] for m in tuan.of_type("message.created")] == ["real"]
+    assert await stored() == [(1, "real")]
+    await linh.close()
+    await tuan.close()

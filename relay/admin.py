@@ -1,10 +1,10 @@
-"""Django admin for staff: tenants, keys, users, channels and memberships."""
+"""Django admin for staff: tenants, keys, users, channels, memberships and messages."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
-from relay.models import ApiKey, Channel, Environment, Membership, User
+from relay.models import ApiKey, Channel, Environment, Membership, Message, User
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -87,10 +87,10 @@ class UserAdmin(admin.ModelAdmin):
 
 @admin.register(Channel)
 class ChannelAdmin(admin.ModelAdmin):
-    list_display = ("name", "type", "environment", "member_count", "id", "created_at")
+    list_display = ("name", "type", "environment", "member_count", "last_seq", "id", "created_at")
     list_filter = ("type", "environment")
     search_fields = ("name", "id")
-    readonly_fields = ("id",)
+    readonly_fields = ("id", "last_seq")
     inlines = [MembershipInline]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -114,3 +114,33 @@ class MembershipAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).select_related("user", "channel__environment")
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):
+    """Read-only: a message's seq is part of every client's resume position, so staff never edit one."""
+
+    list_display = ("channel", "seq", "author", "preview", "environment", "created_at")
+    list_filter = ("channel__environment", ("channel", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("author__external_id",)
+    fields = ("id", "channel", "seq", "author", "idem_key", "text", "created_at")
+    readonly_fields = fields
+    ordering = ("-created_at",)
+    list_select_related = ("channel__environment", "author")
+
+    @admin.display(description="text")
+    def preview(self, obj: Message) -> str:
+        return obj.text if len(obj.text) <= 80 else obj.text[:79] + "…"
+
+    @admin.display(description="environment", ordering="channel__environment__name")
+    def environment(self, obj: Message) -> Environment:
+        return obj.channel.environment
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
+        return False

@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
-from relay import membership
+from relay import membership, messaging
 from relay.exceptions import ApiError
 from relay.frames import Identifier, StrictModel, describe_validation_error
 from relay.models import ApiKey, Channel, Environment, User, hash_api_key
@@ -29,6 +29,9 @@ from relay.tokens import MAX_TTL_SECONDS, mint_token
 logger = logging.getLogger(__name__)
 
 View = Callable[..., HttpResponse]
+HISTORY_DEFAULT_LIMIT = 100
+# The largest seq a PositiveBigIntegerField holds on every backend.
+MAX_SEQ = 2**63 - 1
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -118,6 +121,17 @@ def get_user(environment: Environment, user_id: str) -> User:
         raise ApiError(404, "user_not_found", "no such user") from None
 
 
+def query_int(request: HttpRequest, name: str, default: int, minimum: int, maximum: int) -> int:
+    """Return the query parameter `name` as a whole number in range, or raise a 400 ApiError."""
+    raw = request.GET.get(name)
+    if raw is None:
+        return default
+    # isdecimal() alone takes non-ASCII digits, which int() would then accept.
+    if raw.isascii() and raw.isdecimal() and len(raw) <= len(str(maximum)) and minimum <= int(raw) <= maximum:
+        return int(raw)
+    raise ApiError(400, "invalid_query", f"{name} must be a whole number from {minimum} to {maximum}")
+
+
 def user_json(user: User) -> dict:
     return {"id": user.external_id, "name": user.name}
 
@@ -157,6 +171,18 @@ def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
         return JsonResponse({"channel": str(channel.id), "user": user.external_id}, status=201 if added else 200)
     membership.remove_member(channel, user)
     return HttpResponse(status=204)
+
+
+@endpoint("GET")
+def channel_messages(request: HttpRequest, channel_id: str) -> HttpResponse:
+    """GET /v1/channels/<id>/messages?after=<seq>&limit=<n>: the channel's messages after a seq, in seq order."""
+    channel = get_channel(request.environment, channel_id)
+    after = query_int(request, "after", 0, 0, MAX_SEQ)
+    limit = query_int(request, "limit", HISTORY_DEFAULT_LIMIT, 1, messaging.PAGE_SIZE)
+    found = messaging.messages_after(str(channel.id), after, limit)
+    # A full page may have more behind it; a short one reached the newest message.
+    next_after = found[-1]["seq"] if len(found) == limit else None
+    return JsonResponse({"channel": str(channel.id), "messages": found, "next_after": next_after})
 
 
 @endpoint("POST")

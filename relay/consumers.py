@@ -120,12 +120,18 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_TOO_BIG)
             return
         try:
-            envelope = Envelope.model_validate(json.loads(text_data))
+            data = json.loads(text_data)
         except json.JSONDecodeError:
             await self.send_error("invalid_frame", "frame is not valid JSON")
             return
+        try:
+            envelope = Envelope.model_validate(data)
         except ValidationError as error:
-            await self.send_error("invalid_frame", describe_validation_error(error))
+            # A payload that is not an object still names a type the client can match its error to.
+            known = data.get("type") if isinstance(data, dict) else None
+            await self.send_error(
+                "invalid_frame", describe_validation_error(error), known if known in registry.frames else None
+            )
             return
         route = registry.frames.get(envelope.type)
         # Only registered types become label values, so a client cannot grow the series.

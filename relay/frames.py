@@ -23,6 +23,14 @@ def _no_control_characters(value: str) -> str:
     return value
 
 
+def _no_nul(value: str) -> str:
+    # PostgreSQL cannot store NUL in text; refused on every backend so a message that
+    # SQLite would keep is not lost on the production database.
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
 def _canonical_uuid(value: str) -> str:
     try:
         return str(uuid.UUID(value))
@@ -32,7 +40,7 @@ def _canonical_uuid(value: str) -> str:
 
 Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(_no_control_characters)]
 ChannelId = Annotated[str, Field(min_length=32, max_length=36), AfterValidator(_canonical_uuid)]
-MessageText = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_LENGTH)]
+MessageText = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_LENGTH), AfterValidator(_no_nul)]
 
 
 class StrictModel(BaseModel):

@@ -1,4 +1,4 @@
-"""Tenancy: environments (tenants), their API keys, users, channels and memberships.
+"""Tenancy: environments (tenants), their API keys, users, channels and memberships; messages.
 
 Everything below an Environment is reached through it: lookups always filter by the
 caller's environment, so an object in another tenant is simply not found (404).
@@ -121,6 +121,10 @@ class Channel(models.Model):
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.PUBLIC)
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(User, through="Membership", related_name="channels")
+    # The seq of the channel's newest message: bumped in the same transaction that
+    # inserts the message (relay.messaging.do_send_message), so it is never ahead of
+    # what is committed.
+    last_seq = models.PositiveBigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["environment", "name"]
@@ -141,3 +145,27 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.channel}"
+
+
+class Message(models.Model):
+    """A chat message: `seq` numbers a channel's messages 1, 2, 3… with no gap."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="messages")
+    author = models.ForeignKey(User, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveBigIntegerField()
+    # The client's key for this send: a resend with the same key answers the same ack.
+    idem_key = models.CharField(max_length=128)
+    text = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["channel", "seq"]
+        constraints = [
+            # Also the (channel, seq) index that history and resume read through.
+            models.UniqueConstraint(fields=["channel", "seq"], name="message_seq_unique_per_channel"),
+            models.UniqueConstraint(fields=["channel", "author", "idem_key"], name="message_idem_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} in {self.channel_id}"

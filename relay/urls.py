@@ -13,6 +13,7 @@ urlpatterns = [
     path("v1/users", api.users),
     path("v1/channels", api.channels),
     path("v1/channels/<str:channel_id>/members/<path:user_id>", api.member),
+    path("v1/channels/<str:channel_id>/messages", api.channel_messages),
     path("v1/tokens", api.tokens),
     path("", include("presence.urls")),
     path("", include("agents.urls")),

@@ -1,0 +1,40 @@
+"""Messages in Django admin: staff read them (text included), nobody edits them there."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from relay.messaging import do_send_message
+from relay.models import Message
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("staff", "staff@example.com", "pw-unused-here"))
+    return client
+
+
+def test_staff_see_messages_with_their_text_and_can_filter_by_environment(staff, acme, globex):
+    do_send_message(acme.users["linh"], str(acme.channels["fleet"].id), "k", "hello from acme")
+    do_send_message(globex.users["zed"], str(globex.channels["board"].id), "k", "hello from globex")
+
+    listing = staff.get("/admin/relay/message/", {"channel__environment__id__exact": str(acme.environment.id)})
+    detail = staff.get(f"/admin/relay/message/{Message.objects.get(text='hello from acme').pk}/change/")
+
+    assert listing.status_code == 200
+    assert "hello from acme" in listing.text and "hello from globex" not in listing.text
+    assert detail.status_code == 200 and "hello from acme" in detail.text
+
+
+def test_messages_cannot_be_added_changed_or_deleted_in_admin(staff, acme):
+    sent = do_send_message(acme.users["linh"], str(acme.channels["fleet"].id), "k", "immutable")
+    pk = sent.ack["id"]
+
+    assert staff.get("/admin/relay/message/add/").status_code == 403
+    assert staff.post(f"/admin/relay/message/{pk}/change/", {"text": "edited"}).status_code == 403
+    assert staff.post(f"/admin/relay/message/{pk}/delete/", {"post": "yes"}).status_code == 403
+    assert Message.objects.get(pk=pk).text == "immutable"
+    assert staff.get(f"/admin/relay/message/{pk}/change/").status_code == 200

@@ -66,6 +66,6 @@ class PresenceUserAdmin(UserAdmin):
     def online_now(self, user: User) -> str:
         online = getattr(user, ONLINE_ATTR, None)
         if online is None:
-            return format_html('<span title="{}">?</span>', "presence store unavailable")
-        colour, label = ("#2e7d32", "online now") if online else ("#9e9e9e", "offline")
-        return format_html('<span title="{}" style="color: {}">●</span>', label, colour)
+            return format_html('<span class="presence-unknown" title="{}">?</span>', "presence store unavailable")
+        state, colour, label = ("online", "#2e7d32", "online now") if online else ("offline", "#9e9e9e", "offline")
+        return format_html('<span class="presence-{}" title="{}" style="color: {}">●</span>', state, label, colour)

@@ -279,3 +279,31 @@ def test_admin_users_show_who_is_online_from_one_mget_and_filter_on_it(acme, glo
     offline = client.get("/admin/relay/user/?online_now=no")
     assert "tuan" not in [user.external_id for user in offline.context["cl"].result_list]
     assert len(offline.context["cl"].result_list) == 4
+
+
+async def test_a_membership_removed_while_connecting_still_takes_effect(acme, monkeypatch):
+    from relay import consumers, membership
+
+    read_channels = consumers.channels_of
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+
+    async def removed_right_after_the_read(user):
+        stale = await read_channels(user)
+        await database_sync_to_async(membership.remove_member)(fleet, user)
+        return stale
+
+    monkeypatch.setattr(consumers, "channels_of", removed_right_after_the_read)
+    linh = await Socket.open(acme.token("linh"))
+    # The ack still lists fleet (it was read before the removal) ...
+    assert str(fleet.id) in (await linh.next_of("connection.ack"))["channels"]
+    layer = get_channel_layer()
+    await layer.group_send(
+        group_name(str(fleet.id)), transition_message("ghost", "online", str(uuid.uuid4()), str(fleet.id))
+    )
+    await layer.group_send(
+        group_name(str(general.id)), transition_message("spirit", "online", str(uuid.uuid4()), str(general.id))
+    )
+    # ... but the removal was queued, not lost: fleet's presence no longer reaches her, general's does.
+    await linh.wait_changes(2)
+    assert [change["user"] for change in linh.changes()] == ["linh", "spirit"]
+    await linh.close()

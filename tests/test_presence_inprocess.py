@@ -307,3 +307,14 @@ async def test_a_membership_removed_while_connecting_still_takes_effect(acme, mo
     await linh.wait_changes(2)
     assert [change["user"] for change in linh.changes()] == ["linh", "spirit"]
     await linh.close()
+
+
+def test_admin_users_still_list_when_the_presence_store_is_down(acme, client, settings):
+    staff = get_user_model().objects.create_superuser("admin", "admin@example.com", "pw")
+    client.force_login(staff)
+    assert client.get("/admin/relay/user/").content.decode().count('class="presence-offline"') == 3
+    settings.RELAY_PRESENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    page = client.get("/admin/relay/user/")
+    assert page.status_code == 200
+    assert page.content.decode().count('class="presence-unknown"') == 3
+    assert list(client.get("/admin/relay/user/?online_now=yes").context["cl"].result_list) == []

@@ -20,6 +20,10 @@ STATE_KEY = "presence"
 class PresenceExtension(registry.Extension):
     """Joins the presence groups, runs the election, sends the snapshot, arms the grace check."""
 
+    # Early: the 4429 refusal comes before any other app does work for a connection it refuses,
+    # and the snapshot directly follows the ack, ahead of a resume's backlog (contract section 3).
+    order = 10
+
     async def admit(self, conn: "GatewayConsumer") -> None:
         conn.state[STATE_KEY] = Dedup()
         # Groups BEFORE the election: the subject hears its own `online`, and a watcher never

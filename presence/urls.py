@@ -1,1 +1,9 @@
-urlpatterns: list = []
+"""Presence's HTTP routes."""
+
+from django.urls import path
+
+from presence import views
+
+urlpatterns = [
+    path("v1/channels/<str:channel_id>/presence", views.channel_presence),
+]

@@ -30,10 +30,15 @@ CLOSE_TOO_BIG = 1009
 
 
 @database_sync_to_async
-def authenticate(token: str | None) -> tuple[User, set[str]]:
-    """Return the token's user and the ids of the channels they belong to."""
-    user = verify_token(token)
-    return user, channel_ids_of(user)
+def authenticate(token: str | None) -> User:
+    """Return the token's user."""
+    return verify_token(token)
+
+
+@database_sync_to_async
+def channels_of(user: User) -> set[str]:
+    """Return the ids of the channels `user` belongs to."""
+    return channel_ids_of(user)
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -51,7 +56,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.state: dict[str, Any] = {}
         self.query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         try:
-            self.user, self.channel_ids = await authenticate(self.query.get("token", [None])[0])
+            self.user = await authenticate(self.query.get("token", [None])[0])
         except InvalidToken:
             # Accepted then closed, so a browser client sees the 4401 (a refused
             # handshake is only ever a 1006 to JavaScript). Nothing else is sent.
@@ -61,6 +66,11 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         self.environment_id = str(self.user.environment_id)
         self.user_id = self.user.external_id
+        # The user's group is joined BEFORE their channels are read: a membership change made
+        # in between is then queued for this connection (and applied after connect) instead of
+        # lost, which would leave it in a channel it was removed from until it reconnects.
+        await self.channel_layer.group_add(user_group(self.user.pk), self.channel_name)
+        self.channel_ids = await channels_of(self.user)
         try:
             for ext in registry.extensions:
                 await ext.admit(self)
@@ -68,10 +78,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         except ConnectionRefused as refusal:
             metrics.REFUSED.labels(code=str(refusal.code)).inc()
             await self._release()
+            await self.channel_layer.group_discard(user_group(self.user.pk), self.channel_name)
             await self.accept()
             await self.close(code=refusal.code)
             return
-        await self.channel_layer.group_add(user_group(self.user.pk), self.channel_name)
         await self.accept()
         self.is_open = True
         metrics.CONNECTS.inc()

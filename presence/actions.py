@@ -1,0 +1,316 @@
+"""Presence writes: admit (limit + election), close (re-pin + grace check), refresh, reap, publish.
+
+One `PresenceService` per event loop holds this instance's view, always keyed by
+(environment id, user id) and never by the user id alone: the connections of each held user,
+ONE pending grace check per user (replaced, never added), and the one task that refreshes and
+reaps every RELAY_PRESENCE_REFRESH_MS while the instance holds anybody. Which instance is
+"first" or "last" anywhere is Redis's question (presence/store.py); this module only knows
+its own connections.
+"""
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from presence.fabric import State, group_name, transition_message
+from presence.store import PresenceStore, Timings, member, record_failure, split_member
+from relay import metrics
+from relay.exceptions import ConnectionRefused
+from relay.logging import log_event
+from relay.membership import channel_ids_of
+from relay.models import User
+
+if TYPE_CHECKING:
+    from relay.consumers import GatewayConsumer
+
+logger = logging.getLogger("presence")
+
+CLOSE_TOO_MANY_CONNECTIONS = 4429
+
+ALREADY_ONLINE = "already online"
+STILL_OPEN = "a connection is still open somewhere"
+ANOTHER_PUBLISHED = "another instance published it"
+VANISHED = "key vanished under a live connection; re-electing"
+
+# The copies of one group message reach every local member within milliseconds.
+INVALID_COPY_WINDOW_SECONDS = 1.0
+INVALID_SEEN_MAX = 256
+
+Subject = tuple[str, str]
+
+
+@dataclass
+class Held:
+    """One user this instance holds connections for.
+
+    `connections` maps each connection id to that connection's `channel_ids`, the very set the
+    consumer keeps current on membership changes, so a later transition goes to the channels of
+    now, not of the connect. `confirmed` is False while no election has reached Redis for this
+    user here (it was down at connect): the refresh then announces them once it can.
+    """
+
+    connections: dict[str, set[str]] = field(default_factory=dict)
+    confirmed: bool = False
+
+    def channels(self) -> set[str]:
+        """The user's channels, as their newest connection knows them."""
+        return set(next(reversed(self.connections.values()), set()))
+
+
+def suppressed(user_id: str, state: State, reason: str) -> None:
+    """Log and count a transition this instance decided not to publish."""
+    metrics.PRESENCE_SUPPRESSED.labels(state=state, reason=reason).inc()
+    log_event(logger, "presence.suppressed", user=user_id, state=state, reason=reason)
+
+
+@database_sync_to_async
+def channels_of(environment_id: str, user_id: str) -> set[str]:
+    """The channel ids of one tenant's user, read from the database (empty when unknown)."""
+    user = User.objects.filter(environment_id=environment_id, external_id=user_id).first()
+    return channel_ids_of(user) if user else set()
+
+
+class PresenceService:
+    """This instance's presence state on one event loop."""
+
+    def __init__(self, timings: Timings | None = None) -> None:
+        self.timings = timings or Timings.from_settings()
+        self.store = PresenceStore(settings.RELAY_PRESENCE_REDIS_URL, self.timings)
+        self.held: dict[Subject, Held] = {}
+        self.pending: dict[Subject, asyncio.TimerHandle] = {}
+        self.closed = False
+        self._ticker: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._invalid_seen: dict[int, float] = {}
+
+    # ── connections ──────────────────────────────────────────────────────────
+    async def connect(self, conn: "GatewayConsumer") -> None:
+        """Admit a connection: enforce the limit, run the election, publish `online` if won.
+
+        Raises ConnectionRefused(4429) when the user already holds the maximum of connections
+        anywhere; nothing is changed then. With Redis unreachable the connection is admitted
+        (presence must not take sockets down with it) and the refresh announces it later.
+        """
+        subject = (conn.environment_id, conn.user_id)
+        # Registered before the await, so a close of another local connection racing this one
+        # does not take this user for gone from this instance.
+        held = self.held.setdefault(subject, Held())
+        held.connections[conn.connection_id] = conn.channel_ids
+        self._ensure_ticker()
+        result = await self.store.admit(conn.environment_id, conn.user_id, conn.connection_id)
+        if result is None:
+            return
+        admitted, won = result
+        if not admitted:
+            self._forget(subject, conn.connection_id)
+            raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
+        held.confirmed = True
+        if won:
+            await self.publish(conn.environment_id, conn.user_id, "online", conn.channel_ids)
+        else:
+            suppressed(conn.user_id, "online", ALREADY_ONLINE)
+
+    async def disconnect(self, conn: "GatewayConsumer") -> None:
+        """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
+        subject = (conn.environment_id, conn.user_id)
+        last_local = self._forget(subject, conn.connection_id)
+        # The channels current at the close; only used if nobody comes back, when they are still right.
+        channels = set(conn.channel_ids)
+        # AWAITED before the timer is armed: the re-pin's round trip then sits inside the wait
+        # instead of racing the check (seed 004, R2b).
+        await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
+        if last_local and not self.closed:
+            self._arm_grace_check(subject, channels)
+
+    def _forget(self, subject: Subject, connection_id: str) -> bool:
+        """Drop one connection; return True when it was the user's last on this instance."""
+        held = self.held.get(subject)
+        if held is None:
+            return False
+        held.connections.pop(connection_id, None)
+        if held.connections:
+            return False
+        del self.held[subject]
+        return True
+
+    # ── the grace check ──────────────────────────────────────────────────────
+    def _arm_grace_check(self, subject: Subject, channels: set[str]) -> None:
+        # One pending check per user, REPLACED: close, reopen, close inside one window must
+        # leave one decision, taken at the end of the last window; two would publish twice.
+        previous = self.pending.pop(subject, None)
+        if previous is not None:
+            previous.cancel()
+        loop = asyncio.get_running_loop()
+        check = functools.partial(self._grace_check, subject, channels)
+        self.pending[subject] = loop.call_later(self.timings.check_delay / 1000, self._fire, subject, check)
+
+    def _fire(self, subject: Subject, work: Callable[[], Awaitable[None]]) -> None:
+        self.pending.pop(subject, None)
+        if self.closed:
+            return
+        # Tracked so a shutdown can cancel a check that is already talking to Redis.
+        task = asyncio.ensure_future(work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _grace_check(self, subject: Subject, channels: set[str]) -> None:
+        environment_id, user_id = subject
+        outcome = await self.store.grace_check(environment_id, user_id)
+        if outcome == 0:
+            suppressed(user_id, "offline", STILL_OPEN)
+        elif outcome == 1:
+            await self.publish(environment_id, user_id, "offline", channels)
+        elif outcome == 2:
+            suppressed(user_id, "offline", ANOTHER_PUBLISHED)
+
+    # ── refresh and reap ─────────────────────────────────────────────────────
+    def _ensure_ticker(self) -> None:
+        if self._ticker is None and not self.closed:
+            self._ticker = asyncio.ensure_future(self._tick_forever())
+
+    async def _tick_forever(self) -> None:
+        # One task per instance, not one per connection per interval. It stops when the
+        # instance holds nobody: every live watcher is held by some instance, and that
+        # instance's reaper is the one that tells them about a dead peer's users.
+        try:
+            while self.held and not self.closed:
+                await asyncio.sleep(self.timings.refresh / 1000)
+                try:
+                    await self.tick()
+                except Exception as error:
+                    # Redis faults are handled inside; this is the net that keeps one
+                    # unexpected error from ending refresh and reaping for good.
+                    record_failure("tick", error)
+        finally:
+            self._ticker = None
+
+    async def tick(self) -> None:
+        """Refresh every held user in one round trip, then reap dead instances' users."""
+        if self.held:
+            await self._refresh()
+        await self._reap()
+
+    async def _refresh(self) -> None:
+        snapshot = {member(*subject): (subject, held) for subject, held in self.held.items()}
+        vanished = await self.store.refresh((name, list(held.connections)) for name, (_, held) in snapshot.items())
+        if vanished is None:
+            return
+        for name, had_marker in vanished:
+            subject, held = snapshot[name]
+            suppressed(subject[1], "online", VANISHED)
+            # If an `offline` went out meanwhile (the marker stood) or this user was never
+            # announced (Redis was down at connect), watchers must hear `online` to converge.
+            if (had_marker or not held.confirmed) and not self.closed:
+                await self.publish(*subject, "online", held.channels())
+        for _, held in snapshot.values():
+            held.confirmed = True
+
+    async def _reap(self) -> None:
+        decided = await self.store.reap()
+        for name, won in decided or ():
+            environment_id, user_id = split_member(name)
+            if not won:
+                suppressed(user_id, "offline", ANOTHER_PUBLISHED)
+                continue
+            try:
+                channels = await channels_of(environment_id, user_id)
+            except Exception as error:
+                record_failure("reap:channels", error)
+                continue
+            await self.publish(environment_id, user_id, "offline", channels)
+
+    # ── publishing ───────────────────────────────────────────────────────────
+    async def publish(self, environment_id: str, user_id: str, state: State, channel_ids: Iterable[str]) -> None:
+        """Send one transition, with an id minted once, to the group of each of the user's channels."""
+        if self.closed:
+            return
+        channels = sorted(channel_ids)
+        transition_id = str(uuid.uuid4())
+        layer = get_channel_layer()
+        sent, errors = 0, []
+        for channel_id in channels:
+            try:
+                await layer.group_send(
+                    group_name(channel_id), transition_message(user_id, state, transition_id, channel_id)
+                )
+                sent += 1
+            except Exception as error:
+                errors.append(error)
+        if errors:
+            record_failure("publish", errors[0])
+            if not sent:
+                return
+        metrics.PRESENCE_PUBLISHED.labels(state=state).inc()
+        # `channels` is a count: the list would be a membership graph in a log file.
+        log_event(logger, "presence.published", user=user_id, state=state, channels=sent)
+
+    # ── the fabric ───────────────────────────────────────────────────────────
+    def first_sight_of_invalid(self, message: dict) -> bool:
+        """True for the first local copy of a malformed fabric message, False for the others.
+
+        Every local member of a group receives its own copy of a message, so without this one
+        bad publish to a busy channel would log once per connection instead of once.
+        """
+        now = time.monotonic()
+        fingerprint = hash(repr(message))
+        if self._invalid_seen.get(fingerprint, 0) > now:
+            return False
+        if len(self._invalid_seen) >= INVALID_SEEN_MAX:
+            self._invalid_seen = {key: until for key, until in self._invalid_seen.items() if until > now}
+        self._invalid_seen[fingerprint] = now + INVALID_COPY_WINDOW_SECONDS
+        return True
+
+    # ── shutdown ─────────────────────────────────────────────────────────────
+    def stop(self) -> None:
+        """Cancel every timer and task; nothing is published after this returns."""
+        self.closed = True
+        for handle in self.pending.values():
+            handle.cancel()
+        self.pending.clear()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def close(self) -> None:
+        """Stop, free this instance's connection slots at once, then close the Redis client.
+
+        Keys are left to expire: the users' `offline` is a surviving instance's to decide
+        (its reaper), and whether they reconnect elsewhere inside the grace is Redis's.
+        """
+        self.stop()
+        held = [(subject, list(h.connections)) for subject, h in self.held.items()]
+        self.held.clear()
+        await self.store.forget_connections(held)
+        await self.store.close()
+
+
+_services: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PresenceService]" = weakref.WeakKeyDictionary()
+
+
+def service() -> PresenceService:
+    """The presence service of the running event loop.
+
+    Per loop because a Redis client and its timers belong to one loop: Daphne runs one, while
+    in-process tests run each test in a fresh loop and get a fresh, independent service.
+    """
+    loop = asyncio.get_running_loop()
+    found = _services.get(loop)
+    if found is None:
+        found = _services[loop] = PresenceService()
+    return found
+
+
+def running_services() -> list[PresenceService]:
+    """Every service still attached to a live loop (for shutdown)."""
+    return list(_services.values())

@@ -1,0 +1,84 @@
+"""How presence plugs into every connection: the registry extension and the transition handler."""
+
+import logging
+from typing import TYPE_CHECKING
+
+from presence import actions, reads
+from presence.fabric import TRANSITION, Dedup, group_name, parse_transition, subject_of
+from relay import metrics, registry
+from relay.exceptions import ConnectionRefused
+from relay.logging import log_event
+
+if TYPE_CHECKING:
+    from relay.consumers import GatewayConsumer
+
+logger = logging.getLogger("presence")
+
+STATE_KEY = "presence"
+
+
+class PresenceExtension(registry.Extension):
+    """Joins the presence groups, runs the election, sends the snapshot, arms the grace check."""
+
+    # Early: the 4429 refusal comes before any other app does work for a connection it refuses,
+    # and the snapshot directly follows the ack, ahead of a resume's backlog (contract section 3).
+    order = 10
+
+    async def admit(self, conn: "GatewayConsumer") -> None:
+        conn.state[STATE_KEY] = Dedup()
+        # Groups BEFORE the election: the subject hears its own `online`, and a watcher never
+        # misses a transition raced with its own connect (it is queued behind the snapshot).
+        await _join(conn, conn.channel_ids)
+        try:
+            await actions.service().connect(conn)
+        except ConnectionRefused:
+            await _leave(conn, conn.channel_ids)
+            raise
+
+    async def opened(self, conn: "GatewayConsumer") -> None:
+        await conn.send_frame("presence.snapshot", {"online": await reads.snapshot(conn)})
+
+    async def closed(self, conn: "GatewayConsumer") -> None:
+        await _leave(conn, conn.channel_ids)
+        await actions.service().disconnect(conn)
+
+    async def channel_added(self, conn: "GatewayConsumer", channel_id: str) -> None:
+        # `conn.channel_ids` already holds the channel, and the service reads that very set,
+        # so the user's own later transitions reach it too.
+        await conn.channel_layer.group_add(group_name(channel_id), conn.channel_name)
+
+    async def channel_removed(self, conn: "GatewayConsumer", channel_id: str) -> None:
+        await conn.channel_layer.group_discard(group_name(channel_id), conn.channel_name)
+
+
+async def _join(conn: "GatewayConsumer", channel_ids: set[str]) -> None:
+    for channel_id in sorted(channel_ids):
+        await conn.channel_layer.group_add(group_name(channel_id), conn.channel_name)
+
+
+async def _leave(conn: "GatewayConsumer", channel_ids: set[str]) -> None:
+    for channel_id in sorted(channel_ids):
+        await conn.channel_layer.group_discard(group_name(channel_id), conn.channel_name)
+
+
+@registry.event(TRANSITION)
+async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
+    """Deliver one transition to this connection at most once, as exactly `{user, state}`."""
+    transition = parse_transition(message)
+    if transition is None:
+        # Validated on receipt although the fabric is inside the trust boundary: a malformed
+        # payload must never reach a client.
+        if actions.service().first_sight_of_invalid(message):
+            metrics.PRESENCE_INVALID_PAYLOADS.inc()
+            log_event(logger, "presence.invalid_payload", logging.ERROR, subject=subject_of(message))
+        return
+    # A copy queued before a membership removal must not slip through after it.
+    if transition.channel not in conn.channel_ids:
+        return
+    dedup = conn.state.get(STATE_KEY)
+    if dedup is None:
+        return
+    if not dedup.claim(transition.transition):
+        metrics.PRESENCE_DEDUP_DROPS.inc()
+        return
+    await conn.send_frame("presence.changed", {"user": transition.user, "state": transition.state})

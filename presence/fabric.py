@@ -1,0 +1,88 @@
+"""Presence's fabric: one channel-layer group per channel, the transition message, per-connection dedup.
+
+A transition is sent to the group of every channel of its subject, so a watcher sharing three
+channels with the subject receives three copies of one transition; the transition id, minted
+once, is what lets each connection deliver exactly one frame (seed 004, FR-012).
+"""
+
+import uuid
+from collections import OrderedDict
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, ValidationError
+
+from relay.frames import ChannelId, Identifier, StrictModel
+
+TRANSITION = "presence.transition"
+UNKNOWN_GROUP = "presence.unknown"
+# Every copy of one transition arrives within milliseconds of the others, so a connection only
+# needs the ids of its most recent transitions; 256 bounds the memory of a busy watcher.
+DEDUP_WINDOW = 256
+
+State = Literal["online", "offline"]
+
+
+def group_name(channel_id: str) -> str:
+    """The channel-layer group presence transitions of one channel are sent to."""
+    return f"presence.{channel_id}"
+
+
+def _uuid(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ValueError("must be a UUID") from None
+
+
+class Transition(StrictModel):
+    """A presence transition as it crosses the channel layer; strict, so a stray field is refused."""
+
+    type: Literal["presence.transition"]
+    user: Identifier
+    state: State
+    transition: Annotated[str, AfterValidator(_uuid)]
+    channel: ChannelId
+
+
+def transition_message(user_id: str, state: State, transition_id: str, channel_id: str) -> dict:
+    """The group message for one channel's copy of a transition."""
+    return {"type": TRANSITION, "user": user_id, "state": state, "transition": transition_id, "channel": channel_id}
+
+
+def parse_transition(message: dict) -> Transition | None:
+    """Return the message as a Transition, or None when it is not a well-formed one."""
+    try:
+        return Transition.model_validate(message)
+    except ValidationError:
+        return None
+
+
+def subject_of(message: dict) -> str:
+    """The group a (possibly malformed) message names, for the log: `presence.<channel>`."""
+    channel = message.get("channel")
+    if isinstance(channel, str):
+        try:
+            return group_name(str(uuid.UUID(channel)))
+        except ValueError:
+            pass
+    return UNKNOWN_GROUP
+
+
+class Dedup:
+    """The ids of the last `size` transitions one connection delivered."""
+
+    def __init__(self, size: int = DEDUP_WINDOW) -> None:
+        self.size = size
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def claim(self, transition_id: str) -> bool:
+        """True the first time an id is seen, False for every later copy."""
+        if transition_id in self._seen:
+            return False
+        self._seen[transition_id] = None
+        if len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._seen)

@@ -1,0 +1,57 @@
+"""Presence reads: the connection snapshot, a channel's online members, online flags for admin.
+
+All answered from the presence keys (one MGET each) and never from a table: presence is
+ephemeral, and the keys are the only place it lives.
+"""
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from channels.db import database_sync_to_async
+
+from presence import actions
+from presence.store import online_flags
+from relay.models import Channel, User
+
+if TYPE_CHECKING:
+    from relay.consumers import GatewayConsumer
+
+
+@database_sync_to_async
+def co_members(environment_id: str, user_id: str, channel_ids: set[str]) -> list[str]:
+    """The ids of the environment's users sharing at least one of `channel_ids`, and the user."""
+    found = set(
+        User.objects.filter(environment_id=environment_id, memberships__channel_id__in=list(channel_ids))
+        .values_list("external_id", flat=True)
+        .distinct()
+    )
+    found.add(user_id)
+    return sorted(found)
+
+
+async def snapshot(conn: "GatewayConsumer") -> list[str]:
+    """Who among the connection's co-members (and the user) is online now, sorted.
+
+    Sent after `connection.ack`. The connection joined its presence groups in `admit`, before
+    this read, so a transition racing the snapshot is queued behind it and applied after it:
+    snapshot + changes converge. With the presence Redis down the snapshot is empty (and the
+    failure logged): the socket still opens, and the next transitions fill it in.
+    """
+    candidates = await co_members(conn.environment_id, conn.user_id, set(conn.channel_ids))
+    online = await actions.service().store.online(conn.environment_id, candidates)
+    return sorted(online or [])
+
+
+def online_in_channel(channel: Channel) -> list[str] | None:
+    """The ids of the channel's members online now, sorted; None when Redis does not answer."""
+    environment_id = str(channel.environment_id)
+    members = list(channel.members.order_by("external_id").values_list("external_id", flat=True))
+    flags = online_flags([(environment_id, user_id) for user_id in members], op="channel_presence")
+    if flags is None:
+        return None
+    return [user_id for user_id, online in zip(members, flags, strict=True) if online]
+
+
+def users_online(users: Sequence[User]) -> list[bool] | None:
+    """Whether each of `users` is online now, in one round trip; None when Redis does not answer."""
+    return online_flags([(str(user.environment_id), user.external_id) for user in users], op="admin")

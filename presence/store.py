@@ -1,0 +1,393 @@
+"""The presence store: Redis keys, the Lua scripts that change them, and fail-fast clients.
+
+Keys, all scoped by environment so the same user id in two tenants is two people:
+
+- `presence:{env}:{user}`          the presence key: exists while the user is online (the election)
+- `presence:offline:{env}:{user}`  the offline marker: elects one publisher of `offline`
+- `presence:conns:{env}:{user}`    sorted set of live connection ids (score = expiry, Redis ms)
+- `presence:deadlines`             sorted set of `{env}:{user}` (score = when a silent holder is
+                                   presumed dead: last refresh + TTL + grace), reaped by every instance
+
+The scripts derive the per-user key names from the `{env}:{user}` member (the environment is a
+36-character UUID, so the first colon after it is unambiguous). They touch keys not declared in
+KEYS, which a single Redis allows and Redis Cluster would not; presence runs on one Redis.
+
+Nothing here is a source of truth: presence is ephemeral, and a flushed Redis self-heals through
+the refresh. Every call FAILS FAST (short timeouts, no retries, no queueing) and a failure is logged
+once as `presence.failed {op, error}` and answered with None, so presence degrades alone.
+"""
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from relay import metrics
+from relay.logging import log_event
+
+logger = logging.getLogger("presence")
+
+T = TypeVar("T")
+
+DEADLINES = "presence:deadlines"
+# Long enough to fail over to a dead peer, short enough that a dead store is noticed on the
+# call that hit it rather than after a queue of them (seed 004: "fail fast rather than queue").
+TIMEOUT_SECONDS = 0.5
+# How many due deadlines one reaper pass takes; the rest wait one refresh interval.
+REAP_BATCH = 500
+MAX_ERROR_LENGTH = 200
+
+
+def member(environment_id: str, user_id: str) -> str:
+    """The `{env}:{user}` name of one tenant's user, the suffix of all their keys."""
+    return f"{environment_id}:{user_id}"
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """Return (environment id, user id) of a `{env}:{user}` member."""
+    environment_id, _, user_id = name.partition(":")
+    return environment_id, user_id
+
+
+def presence_key(environment_id: str, user_id: str) -> str:
+    """The key whose existence means "online"."""
+    return f"presence:{member(environment_id, user_id)}"
+
+
+def marker_key(environment_id: str, user_id: str) -> str:
+    """The marker whose `SET NX` elects the one publisher of `offline`."""
+    return f"presence:offline:{member(environment_id, user_id)}"
+
+
+def connections_key(environment_id: str, user_id: str) -> str:
+    """The sorted set of the user's live connections on every instance."""
+    return f"presence:conns:{member(environment_id, user_id)}"
+
+
+# Redis time in ms: every instance measures deadlines on the one clock they share.
+_NOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
+# KEYS: conns, key, marker, deadlines. ARGV: connection id, ttl, grace, max, member.
+# The limit and the election in one round trip. Returns {admitted, won}.
+ADMIT = (
+    _NOW
+    + """
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  return {0, 0}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+local won = 0
+if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
+  won = 1
+  -- The winner clears "somebody already said they left" so the next departure elects again.
+  redis.call('DEL', KEYS[3])
+else
+  -- A key a close re-pinned to the grace has a live connection again: back to the TTL,
+  -- which this connection's instance now refreshes.
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
+return {1, won}
+"""
+)
+
+# KEYS: conns, key. ARGV: connection id, grace, "1" when it was the user's last local connection.
+# Frees the slot; on the last local close re-pins the key to the grace (seed 004, R2a): without
+# it the key dies at last refresh + TTL, possibly before the grace ends, and a reconnect in that
+# gap wins the election and publishes a second `online` for a user who never left.
+RELEASE = (
+    _NOW
+    + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[3] ~= '1' then
+  return 0
+end
+local grace = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  -- XX: a key that already expired stays gone.
+  redis.call('SET', KEYS[2], '1', 'PX', grace, 'XX')
+  return 1
+end
+-- Another instance still holds a connection and refreshes the key: extend, never shorten,
+-- so a short grace cannot expire the key between two of its refreshes.
+if redis.call('PTTL', KEYS[2]) < grace then
+  redis.call('PEXPIRE', KEYS[2], grace)
+end
+return 2
+"""
+)
+
+# KEYS: key, marker. ARGV: marker ttl. 0 = still online, 1 = won the right to publish
+# `offline`, 2 = another instance (or the reaper) already did.
+GRACE_CHECK = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
+  return 1
+end
+return 2
+"""
+
+# KEYS: deadlines. ARGV: ttl, grace, then per held user: member, n, n connection ids.
+# One round trip per instance per interval. Returns {member, had_marker, ...} for every key
+# found missing under a live connection (a Redis restart or eviction), which is re-elected.
+REFRESH = (
+    _NOW
+    + """
+local ttl = tonumber(ARGV[1])
+local grace = tonumber(ARGV[2])
+local vanished = {}
+local i = 3
+while i <= #ARGV do
+  local name = ARGV[i]
+  local count = tonumber(ARGV[i + 1])
+  local key = 'presence:' .. name
+  if not redis.call('SET', key, '1', 'PX', ttl, 'XX') then
+    redis.call('SET', key, '1', 'PX', ttl)
+    -- Unconditionally: a stale "offline was said" must not stand against a connected user.
+    local had_marker = redis.call('DEL', 'presence:offline:' .. name)
+    table.insert(vanished, name)
+    table.insert(vanished, had_marker)
+  end
+  local conns = 'presence:conns:' .. name
+  for j = 1, count do
+    redis.call('ZADD', conns, now + ttl, ARGV[i + 1 + j])
+  end
+  redis.call('PEXPIRE', conns, ttl)
+  redis.call('ZADD', KEYS[1], now + ttl + grace, name)
+  i = i + 2 + count
+end
+return vanished
+"""
+)
+
+# KEYS: deadlines. ARGV: marker ttl, grace, batch. Takes due deadlines (their holder stopped
+# refreshing: a dead instance) and elects one publisher of `offline` per user through the same
+# marker as the grace check, so a reaper and a grace check never both publish.
+# Returns {member, won, ...}.
+REAP = (
+    _NOW
+    + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local decided = {}
+for _, name in ipairs(due) do
+  local pttl = redis.call('PTTL', 'presence:' .. name)
+  if pttl == -2 then
+    redis.call('ZREM', KEYS[1], name)
+    local won = 0
+    if redis.call('SET', 'presence:offline:' .. name, '1', 'PX', ARGV[1], 'NX') then
+      won = 1
+    end
+    table.insert(decided, name)
+    table.insert(decided, won)
+  else
+    -- Still held (or pinned by a close): look again once it could have expired.
+    redis.call('ZADD', KEYS[1], now + math.max(pttl, 0) + tonumber(ARGV[2]), name)
+  end
+end
+return decided
+"""
+)
+
+
+def _short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
+
+
+def record_failure(op: str, error: BaseException) -> None:
+    """Log `presence.failed {op, error}` once for one failed operation, without a traceback."""
+    metrics.PRESENCE_FAILURES.labels(op=op).inc()
+    log_event(logger, "presence.failed", logging.ERROR, op=op, error=_short(error))
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The presence timings in milliseconds, read from settings once per store."""
+
+    grace: int
+    ttl: int
+    refresh: int
+    margin: int
+    max_connections: int
+
+    @classmethod
+    def from_settings(cls) -> "Timings":
+        return cls(
+            grace=settings.RELAY_PRESENCE_GRACE_MS,
+            ttl=settings.RELAY_PRESENCE_TTL_MS,
+            refresh=settings.RELAY_PRESENCE_REFRESH_MS,
+            margin=settings.RELAY_PRESENCE_MARGIN_MS,
+            max_connections=settings.RELAY_MAX_CONNECTIONS_PER_USER,
+        )
+
+    @property
+    def check_delay(self) -> int:
+        """When the grace check runs after a close: never on the grace itself (seed 004, R2b)."""
+        return self.grace + self.margin
+
+    @property
+    def marker_ttl(self) -> int:
+        """How long an offline marker lives.
+
+        Longer than any deadline a close leaves behind (last refresh + TTL + grace, reaped up to
+        one refresh later), so the reaper finds the marker of a normal close and stays quiet
+        instead of publishing a second `offline`. A longer life is harmless: a marker only ever
+        stands while the last published state is `offline`, and the next `online` deletes it.
+        """
+        return self.ttl + self.grace + self.margin + 2 * self.refresh
+
+
+def _client_options() -> dict:
+    return {
+        "socket_connect_timeout": TIMEOUT_SECONDS,
+        "socket_timeout": TIMEOUT_SECONDS,
+        "health_check_interval": 0,
+    }
+
+
+class PresenceStore:
+    """The async presence client of one event loop, with its scripts and fail-fast wrapper."""
+
+    def __init__(self, url: str, timings: Timings) -> None:
+        self.timings = timings
+        # retries=0: redis-py retries three times with backoff by default, which turns a dead
+        # store into a stall on every call instead of one quick, logged failure.
+        self.client = aioredis.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
+        self._admit = self.client.register_script(ADMIT)
+        self._release = self.client.register_script(RELEASE)
+        self._grace_check = self.client.register_script(GRACE_CHECK)
+        self._refresh = self.client.register_script(REFRESH)
+        self._reap = self.client.register_script(REAP)
+
+    async def call(self, op: str, work: Callable[[], Awaitable[T]]) -> T | None:
+        """Run one Redis operation; on failure log it once and return None."""
+        started = time.perf_counter()
+        try:
+            return await work()
+        except (TimeoutError, redis.RedisError, OSError) as error:
+            record_failure(op, error)
+            return None
+        finally:
+            metrics.REDIS_OP_SECONDS.labels(op=op).observe(time.perf_counter() - started)
+
+    async def admit(self, environment_id: str, user_id: str, connection_id: str) -> tuple[bool, bool] | None:
+        """Check the connection limit and run the election: (admitted, won), or None on failure."""
+        t = self.timings
+        keys = [
+            connections_key(environment_id, user_id),
+            presence_key(environment_id, user_id),
+            marker_key(environment_id, user_id),
+            DEADLINES,
+        ]
+        args = [connection_id, t.ttl, t.grace, t.max_connections, member(environment_id, user_id)]
+        reply = await self.call("admit", lambda: self._admit(keys=keys, args=args))
+        return None if reply is None else (bool(reply[0]), bool(reply[1]))
+
+    async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> bool:
+        """Free the connection's slot and, on the last local close, re-pin the key to the grace."""
+        keys = [connections_key(environment_id, user_id), presence_key(environment_id, user_id)]
+        args = [connection_id, self.timings.grace, "1" if last_local else "0"]
+        return await self.call("release", lambda: self._release(keys=keys, args=args)) is not None
+
+    async def grace_check(self, environment_id: str, user_id: str) -> int | None:
+        """0 = still online somewhere, 1 = this caller publishes `offline`, 2 = someone else did."""
+        keys = [presence_key(environment_id, user_id), marker_key(environment_id, user_id)]
+        return await self.call("grace_check", lambda: self._grace_check(keys=keys, args=[self.timings.marker_ttl]))
+
+    async def refresh(self, held: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[str, bool]] | None:
+        """Refresh every held `{env}:{user}` and its connections; return the re-elected ones."""
+        args: list = [self.timings.ttl, self.timings.grace]
+        for name, connection_ids in held:
+            args += [name, len(connection_ids), *connection_ids]
+        reply = await self.call("refresh", lambda: self._refresh(keys=[DEADLINES], args=args))
+        if reply is None:
+            return None
+        return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    async def reap(self) -> list[tuple[str, bool]] | None:
+        """Take due deadlines of users nobody refreshes: (member, won the offline election)."""
+        t = self.timings
+        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES], args=[t.marker_ttl, t.grace, REAP_BATCH]))
+        if reply is None:
+            return None
+        return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    async def online(self, environment_id: str, user_ids: Sequence[str]) -> list[str] | None:
+        """Return which of the environment's `user_ids` are online now, in one MGET."""
+        if not user_ids:
+            return []
+        keys = [presence_key(environment_id, user_id) for user_id in user_ids]
+        values = await self.call("snapshot", lambda: self.client.mget(keys))
+        if values is None:
+            return None
+        return [user_id for user_id, value in zip(user_ids, values, strict=True) if value is not None]
+
+    async def forget_connections(self, held: Sequence[tuple[tuple[str, str], Sequence[str]]]) -> None:
+        """Free the slots of connections an instance drops as it shuts down, in one round trip."""
+        if not held:
+            return
+
+        async def work() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for (environment_id, user_id), connection_ids in held:
+                if connection_ids:
+                    pipe.zrem(connections_key(environment_id, user_id), *connection_ids)
+            await pipe.execute()
+
+        await self.call("shutdown", work)
+
+    async def close(self) -> None:
+        """Close the client's connections."""
+        await self.client.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+_sync_clients: dict[str, redis.Redis] = {}
+
+
+def sync_client() -> redis.Redis:
+    """The process's blocking presence client (HTTP views and admin run in threads)."""
+    url = settings.RELAY_PRESENCE_REDIS_URL
+    client = _sync_clients.get(url)
+    if client is None:
+        client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **_client_options())
+        _sync_clients[url] = client
+    return client
+
+
+def online_flags(subjects: Sequence[tuple[str, str]], op: str = "online_flags") -> list[bool] | None:
+    """Return, for each (environment id, user id), whether they are online now; None on failure.
+
+    One round trip for the whole list (MGET), logged as `presence.failed` when Redis is down.
+    """
+    if not subjects:
+        return []
+    started = time.perf_counter()
+    try:
+        values = sync_client().mget([presence_key(env, user) for env, user in subjects])
+    except (redis.RedisError, OSError) as error:
+        record_failure(op, error)
+        return None
+    finally:
+        metrics.REDIS_OP_SECONDS.labels(op=op).observe(time.perf_counter() - started)
+    return [value is not None for value in values]

@@ -1,0 +1,320 @@
+"""Presence inside one process: snapshot, self-delivery, dedup, fabric validation, HTTP, admin, shutdown.
+
+The cast (tests/conftest.py): in acme, linh and tuan share "fleet" (private) and "general"
+(public); hermit belongs to nothing. globex has its own linh and zed in "board".
+"""
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.apps import apps
+from django.contrib.auth import get_user_model
+
+from presence import actions
+from presence.actions import CLOSE_TOO_MANY_CONNECTIONS
+from presence.fabric import group_name, transition_message
+from presence.store import connections_key, presence_key
+from relay.asgi import application
+from relay.embedded_redis import free_port
+from relay.logging import event_fields
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Socket:
+    """An in-process WebSocket that records every frame it receives."""
+
+    def __init__(self, communicator: WebsocketCommunicator) -> None:
+        self.communicator = communicator
+        self.frames: list[dict] = []
+        self.close_code: int | None = None
+
+    @classmethod
+    async def open(cls, token: str) -> "Socket":
+        socket = cls(WebsocketCommunicator(application, f"/v1/ws?token={token}"))
+        connected, _ = await socket.communicator.connect(timeout=5)
+        assert connected
+        return socket
+
+    async def _pump(self, timeout: float) -> bool:
+        try:
+            output = await self.communicator.receive_output(timeout=timeout)
+        except TimeoutError:
+            return False
+        if output["type"] == "websocket.close":
+            self.close_code = output.get("code")
+            return False
+        self.frames.append(json.loads(output["text"]))
+        return True
+
+    async def next_of(self, frame_type: str, after: int = 0, timeout: float = 5.0) -> dict:
+        """Wait for the first frame of `frame_type` at index >= `after`; return its payload."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            for received in self.frames[after:]:
+                if received["type"] == frame_type:
+                    return received["payload"]
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or not await self._pump(remaining):
+                raise AssertionError(f"no {frame_type} after #{after}; frames: {self.frames}")
+
+    async def closed(self, timeout: float = 5.0) -> int | None:
+        while await self._pump(timeout):
+            pass
+        return self.close_code
+
+    async def wait_changes(self, count: int, timeout: float = 5.0) -> list[dict]:
+        """Wait until `count` presence.changed frames arrived; return them all."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self.changes()) < count:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or not await self._pump(remaining):
+                raise AssertionError(f"fewer than {count} presence.changed; frames: {self.frames}")
+        return self.changes()
+
+    def changes(self, user: str | None = None) -> list[dict]:
+        return [
+            f["payload"]
+            for f in self.frames
+            if f["type"] == "presence.changed" and (user is None or f["payload"]["user"] == user)
+        ]
+
+    async def close(self) -> None:
+        await self.communicator.disconnect()
+
+
+@pytest.fixture(autouse=True)
+async def _close_presence():
+    """Each test's loop has its own presence service; stop its timers when the test ends."""
+    yield
+    await actions.service().close()
+
+
+def events(caplog, name: str) -> list[dict]:
+    return [event_fields(record) for record in caplog.records if record.getMessage() == name]
+
+
+async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_user(acme):
+    tuan = await Socket.open(acme.token("tuan"))
+    await tuan.next_of("presence.snapshot")
+    linh = await Socket.open(acme.token("linh"))
+    await linh.next_of("presence.snapshot")
+    assert linh.frames[0]["type"] == "connection.ack"
+    assert linh.frames[1] == {"type": "presence.snapshot", "payload": {"online": ["linh", "tuan"]}}
+    # hermit shares nobody's channel: his snapshot is himself alone, not linh or tuan.
+    hermit = await Socket.open(acme.token("hermit"))
+    assert await hermit.next_of("presence.snapshot") == {"online": ["hermit"]}
+    for socket in (tuan, linh, hermit):
+        await socket.close()
+
+
+async def test_the_subject_hears_its_own_online_once_though_it_shares_two_channels(acme):
+    tuan = await Socket.open(acme.token("tuan"))
+    assert await tuan.next_of("presence.changed") == {"user": "tuan", "state": "online"}
+    linh = await Socket.open(acme.token("linh"))
+    # tuan's own online came on both fleet and general; the next transition he hears is
+    # linh's, so a second copy of his own would sit between them.
+    assert await tuan.wait_changes(2) == [{"user": "tuan", "state": "online"}, {"user": "linh", "state": "online"}]
+    for socket in (tuan, linh):
+        await socket.close()
+
+
+async def test_a_watcher_sharing_two_channels_gets_one_frame_and_a_second_connection_none(acme):
+    linh = await Socket.open(acme.token("linh"))
+    await linh.next_of("presence.changed")
+    tuan = await Socket.open(acme.token("tuan"))
+    await linh.next_of("presence.changed", after=len(linh.frames))
+    again = await Socket.open(acme.token("tuan"))
+    await again.next_of("presence.snapshot")
+    # The pipe is proven alive after tuan's second connection: mai joins general and connects.
+    mai = await database_sync_to_async(acme.add_user)("mai")
+    await database_sync_to_async(lambda: acme.channels["general"].memberships.create(user=mai))()
+    mai_socket = await Socket.open(acme.token("mai"))
+    assert await linh.wait_changes(3) == [
+        {"user": "linh", "state": "online"},
+        {"user": "tuan", "state": "online"},
+        {"user": "mai", "state": "online"},
+    ]
+    for socket in (linh, tuan, again, mai_socket):
+        await socket.close()
+
+
+async def test_a_malformed_fabric_message_is_dropped_and_logged_once_with_its_group(acme, caplog):
+    linh = await Socket.open(acme.token("linh"))
+    tuan = await Socket.open(acme.token("tuan"))
+    await linh.next_of("presence.changed", after=3)  # tuan's online: both are listening
+    fleet = str(acme.channels["fleet"].id)
+    layer = get_channel_layer()
+    good = transition_message("ghost", "online", str(uuid.uuid4()), fleet)
+    for bad in (
+        {key: value for key, value in good.items() if key != "transition"},
+        {**good, "extra": "field"},
+        {**good, "state": "away"},
+        {**good, "channel": "not-a-channel"},
+    ):
+        await layer.group_send(group_name(fleet), bad)
+    await layer.group_send(group_name(fleet), good)
+    await linh.next_of("presence.changed", after=4)
+    assert linh.changes("ghost") == [{"user": "ghost", "state": "online"}]
+    # Four bad messages, each reaching two local connections: four lines, not eight.
+    assert [e["subject"] for e in events(caplog, "presence.invalid_payload")] == [f"presence.{fleet}"] * 3 + [
+        "presence.unknown"
+    ]
+    for socket in (linh, tuan):
+        await socket.close()
+
+
+async def test_a_copy_naming_a_channel_the_connection_is_not_in_is_not_delivered(acme):
+    linh = await Socket.open(acme.token("linh"))
+    await linh.next_of("presence.changed")
+    layer = get_channel_layer()
+    fleet = str(acme.channels["fleet"].id)
+    # What a copy queued just before a membership removal looks like: its channel is no longer hers.
+    left = str(uuid.uuid4())
+    await layer.group_send(group_name(fleet), transition_message("ghost", "online", str(uuid.uuid4()), left))
+    await layer.group_send(group_name(fleet), transition_message("ghost", "offline", str(uuid.uuid4()), fleet))
+    await linh.next_of("presence.changed", after=3)
+    assert linh.changes("ghost") == [{"user": "ghost", "state": "offline"}]
+    await linh.close()
+
+
+async def test_the_limit_closes_the_next_connection_4429_and_changes_nothing(acme, settings, redis_client):
+    settings.RELAY_MAX_CONNECTIONS_PER_USER = 2
+    first = await Socket.open(acme.token("tuan"))
+    second = await Socket.open(acme.token("tuan"))
+    await second.next_of("presence.snapshot")
+    refused = await Socket.open(acme.token("tuan"))
+    assert await refused.closed() == CLOSE_TOO_MANY_CONNECTIONS
+    assert refused.frames == []
+    assert redis_client.zcard(connections_key(str(acme.environment.id), "tuan")) == 2
+    # A slot frees when a connection closes.
+    await first.close()
+    third = await Socket.open(acme.token("tuan"))
+    assert (await third.next_of("connection.ack"))["user"] == "tuan"
+    for socket in (second, third):
+        await socket.close()
+
+
+async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_are_logged(acme, settings, caplog):
+    settings.RELAY_PRESENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    linh = await Socket.open(acme.token("linh"))
+    assert (await linh.next_of("connection.ack"))["user"] == "linh"
+    assert await linh.next_of("presence.snapshot") == {"online": []}
+    # The socket still works for everything else.
+    await linh.communicator.send_to(text_data="not json")
+    assert (await linh.next_of("error"))["code"] == "invalid_frame"
+    await linh.close()
+    assert [e["op"] for e in events(caplog, "presence.failed")] == ["admit", "snapshot", "release"]
+    assert all(record.exc_info is None for record in caplog.records)
+
+
+async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothing(acme, settings, caplog):
+    settings.RELAY_PRESENCE_GRACE_MS = 200
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    tuan = await Socket.open(acme.token("tuan"))
+    await tuan.next_of("presence.changed")
+    await tuan.close()
+    service = actions.service()
+    assert list(service.pending) == [(str(acme.environment.id), "tuan")]
+    await service.close()
+    await asyncio.sleep(0.5)
+    assert [(e["user"], e["state"]) for e in events(caplog, "presence.published")] == [("tuan", "online")]
+
+
+async def test_no_transition_writes_a_database_row(acme, settings):
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+
+    @database_sync_to_async
+    def rows() -> dict[str, int]:
+        return {model._meta.label: model.objects.count() for model in apps.get_models()}
+
+    before = await rows()
+    linh = await Socket.open(acme.token("linh"))
+    tuan = await Socket.open(acme.token("tuan"))
+    await linh.next_of("presence.changed", after=3)
+    await tuan.close()
+    assert await linh.next_of("presence.changed", after=4, timeout=5) == {"user": "tuan", "state": "offline"}
+    assert await rows() == before
+    await linh.close()
+
+
+def test_http_presence_lists_the_channels_online_members(acme, globex, api_for, redis_client):
+    fleet = acme.channels["fleet"]
+    redis_client.set(presence_key(str(acme.environment.id), "tuan"), "1")
+    # globex's linh is online; acme's linh is not: same id, another person.
+    redis_client.set(presence_key(str(globex.environment.id), "linh"), "1")
+    response = api_for(acme).call("GET", f"/v1/channels/{fleet.id}/presence")
+    assert (response.status_code, response.json()) == (200, {"channel": str(fleet.id), "online": ["tuan"]})
+    assert api_for(globex).call("GET", f"/v1/channels/{fleet.id}/presence").status_code == 404
+    assert api_for(None).call("GET", f"/v1/channels/{fleet.id}/presence").status_code == 401
+
+
+def test_http_presence_answers_503_when_the_presence_store_is_down(acme, api_for, settings):
+    fleet = acme.channels["fleet"]
+    assert api_for(acme).call("GET", f"/v1/channels/{fleet.id}/presence").status_code == 200
+    settings.RELAY_PRESENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    response = api_for(acme).call("GET", f"/v1/channels/{fleet.id}/presence")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "presence_unavailable"
+
+
+def test_admin_users_show_who_is_online_from_one_mget_and_filter_on_it(acme, globex, client, redis_client):
+    staff = get_user_model().objects.create_superuser("admin", "admin@example.com", "pw")
+    client.force_login(staff)
+    redis_client.set(presence_key(str(acme.environment.id), "tuan"), "1")
+    mgets = redis_client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0)
+    page = client.get("/admin/relay/user/")
+    assert page.status_code == 200
+    assert redis_client.info("commandstats")["cmdstat_mget"]["calls"] == mgets + 1
+    assert page.content.decode().count('class="presence-online"') == 1
+    assert page.content.decode().count('class="presence-offline"') == 4  # acme linh, hermit; globex linh, zed
+    online = client.get("/admin/relay/user/?online_now=yes")
+    assert [user.external_id for user in online.context["cl"].result_list] == ["tuan"]
+    offline = client.get("/admin/relay/user/?online_now=no")
+    assert "tuan" not in [user.external_id for user in offline.context["cl"].result_list]
+    assert len(offline.context["cl"].result_list) == 4
+
+
+async def test_a_membership_removed_while_connecting_still_takes_effect(acme, monkeypatch):
+    from relay import consumers, membership
+
+    read_channels = consumers.channels_of
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+
+    async def removed_right_after_the_read(user):
+        stale = await read_channels(user)
+        await database_sync_to_async(membership.remove_member)(fleet, user)
+        return stale
+
+    monkeypatch.setattr(consumers, "channels_of", removed_right_after_the_read)
+    linh = await Socket.open(acme.token("linh"))
+    # The ack still lists fleet (it was read before the removal) ...
+    assert str(fleet.id) in (await linh.next_of("connection.ack"))["channels"]
+    layer = get_channel_layer()
+    await layer.group_send(
+        group_name(str(fleet.id)), transition_message("ghost", "online", str(uuid.uuid4()), str(fleet.id))
+    )
+    await layer.group_send(
+        group_name(str(general.id)), transition_message("spirit", "online", str(uuid.uuid4()), str(general.id))
+    )
+    # ... but the removal was queued, not lost: fleet's presence no longer reaches her, general's does.
+    await linh.wait_changes(2)
+    assert [change["user"] for change in linh.changes()] == ["linh", "spirit"]
+    await linh.close()
+
+
+def test_admin_users_still_list_when_the_presence_store_is_down(acme, client, settings):
+    staff = get_user_model().objects.create_superuser("admin", "admin@example.com", "pw")
+    client.force_login(staff)
+    assert client.get("/admin/relay/user/").content.decode().count('class="presence-offline"') == 3
+    settings.RELAY_PRESENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    page = client.get("/admin/relay/user/")
+    assert page.status_code == 200
+    assert page.content.decode().count('class="presence-unknown"') == 3
+    assert list(client.get("/admin/relay/user/?online_now=yes").context["cl"].result_list) == []

@@ -1,0 +1,217 @@
+"""The presence store's scripts against the real Redis: limit, election, re-pin, check, refresh, reap.
+
+Two stores on one Redis play two instances. Subjects are (environment, user) pairs; ACME and
+GLOBEX are two tenants that both have a "linh", who are two different people.
+"""
+
+import asyncio
+import uuid
+
+import pytest
+
+from presence.fabric import Dedup, Transition, parse_transition, subject_of, transition_message
+from presence.store import (
+    DEADLINES,
+    PresenceStore,
+    Timings,
+    connections_key,
+    marker_key,
+    member,
+    presence_key,
+    split_member,
+)
+
+ACME = str(uuid.uuid4())
+GLOBEX = str(uuid.uuid4())
+TIMINGS = Timings(grace=600, ttl=1000, refresh=200, margin=100, max_connections=3)
+
+
+@pytest.fixture
+async def stores(redis_url):
+    """Two stores on the one Redis, as two instances would hold them."""
+    made = [PresenceStore(redis_url, TIMINGS), PresenceStore(redis_url, TIMINGS)]
+    yield made
+    for store in made:
+        await store.close()
+
+
+def test_the_grace_check_runs_after_the_grace_never_on_it():
+    assert TIMINGS.check_delay == 700
+    assert Timings(grace=30_000, ttl=30_000, refresh=10_000, margin=1_000, max_connections=5).check_delay == 31_000
+
+
+def test_the_marker_outlives_every_deadline_a_close_leaves_behind():
+    # Deadline <= close + TTL + grace, reaped at most one refresh later; the marker is set at
+    # close + grace + margin at the earliest.
+    t = TIMINGS
+    assert t.grace + t.margin + t.marker_ttl > t.ttl + t.grace + t.refresh
+
+
+def test_a_member_names_one_tenants_user_and_splits_back():
+    assert split_member(member(ACME, "linh:with:colons")) == (ACME, "linh:with:colons")
+    assert presence_key(ACME, "linh") != presence_key(GLOBEX, "linh")
+
+
+async def test_the_first_connection_wins_the_election_and_the_second_does_not(stores, redis_client):
+    one, two = stores
+    assert await one.admit(ACME, "linh", "c1") == (True, True)
+    assert await two.admit(ACME, "linh", "c2") == (True, False)
+    assert 0 < redis_client.pttl(presence_key(ACME, "linh")) <= TIMINGS.ttl
+    assert redis_client.zcard(connections_key(ACME, "linh")) == 2
+
+
+async def test_the_same_user_id_in_two_tenants_is_two_elections(stores):
+    one, _ = stores
+    assert await one.admit(ACME, "linh", "c1") == (True, True)
+    assert await one.admit(GLOBEX, "linh", "c2") == (True, True)
+
+
+async def test_the_connection_limit_refuses_the_next_one_and_changes_nothing(stores, redis_client):
+    one, two = stores
+    for index in range(3):
+        assert (await (one if index % 2 else two).admit(ACME, "tuan", f"c{index}"))[0]
+    before = redis_client.zrange(connections_key(ACME, "tuan"), 0, -1)
+    assert await one.admit(ACME, "tuan", "c3") == (False, False)
+    assert redis_client.zrange(connections_key(ACME, "tuan"), 0, -1) == before
+    # A slot freed by a close is taken by the next connection.
+    await two.release(ACME, "tuan", "c0", last_local=False)
+    assert await one.admit(ACME, "tuan", "c3") == (True, False)
+
+
+async def test_a_dead_instances_slots_expire_after_the_ttl(redis_url):
+    quick = PresenceStore(redis_url, Timings(grace=300, ttl=300, refresh=100, margin=50, max_connections=1))
+    try:
+        assert (await quick.admit(ACME, "tuan", "c1"))[0]
+        assert await quick.admit(ACME, "tuan", "c2") == (False, False)
+        # Nobody refreshes c1 (its instance "died"): its entry expires with the TTL.
+        await asyncio.sleep(0.45)
+        assert (await quick.admit(ACME, "tuan", "c2"))[0]
+    finally:
+        await quick.close()
+
+
+async def test_the_last_close_re_pins_the_key_to_the_grace(stores, redis_client):
+    one, _ = stores
+    await one.admit(ACME, "linh", "c1")
+    assert redis_client.pttl(presence_key(ACME, "linh")) > TIMINGS.grace
+    await one.release(ACME, "linh", "c1", last_local=True)
+    assert 0 < redis_client.pttl(presence_key(ACME, "linh")) <= TIMINGS.grace
+    assert redis_client.zcard(connections_key(ACME, "linh")) == 0
+
+
+async def test_a_close_under_another_instances_connection_never_shortens_the_key(stores, redis_client):
+    one, two = stores
+    await one.admit(ACME, "linh", "c1")
+    await two.admit(ACME, "linh", "c2")
+    await one.release(ACME, "linh", "c1", last_local=True)
+    assert redis_client.pttl(presence_key(ACME, "linh")) > TIMINGS.grace
+
+
+async def test_a_reconnect_onto_a_re_pinned_key_is_silent_and_restores_the_ttl(stores, redis_client):
+    one, two = stores
+    await one.admit(ACME, "linh", "c1")
+    await one.release(ACME, "linh", "c1", last_local=True)
+    assert await two.admit(ACME, "linh", "c2") == (True, False)
+    assert redis_client.pttl(presence_key(ACME, "linh")) > TIMINGS.grace
+
+
+async def test_the_grace_check_elects_exactly_one_publisher_of_offline(stores, redis_client):
+    one, two = stores
+    await one.admit(ACME, "linh", "c1")
+    assert await one.grace_check(ACME, "linh") == 0  # still online
+    redis_client.delete(presence_key(ACME, "linh"))
+    assert await one.grace_check(ACME, "linh") == 1
+    assert await two.grace_check(ACME, "linh") == 2
+    # The next online clears the marker, so the next departure elects again.
+    assert await two.admit(ACME, "linh", "c2") == (True, True)
+    assert not redis_client.exists(marker_key(ACME, "linh"))
+
+
+async def test_the_refresh_extends_keys_and_reports_a_vanished_one_once(stores, redis_client):
+    one, two = stores
+    await one.admit(ACME, "linh", "c1")
+    await one.admit(ACME, "tuan", "c2")
+    await two.admit(ACME, "tuan", "c3")
+    redis_client.delete(presence_key(ACME, "linh"), connections_key(ACME, "linh"))
+    redis_client.set(marker_key(ACME, "linh"), "1")
+    vanished = await one.refresh([(member(ACME, "linh"), ["c1"]), (member(ACME, "tuan"), ["c2"])])
+    assert vanished == [(member(ACME, "linh"), True)]
+    assert redis_client.exists(presence_key(ACME, "linh"))
+    assert not redis_client.exists(marker_key(ACME, "linh"))
+    assert redis_client.zrange(connections_key(ACME, "linh"), 0, -1) == ["c1"]
+    # The second instance re-asking finds the key back: one re-election, not two.
+    assert await two.refresh([(member(ACME, "linh"), ["c9"]), (member(ACME, "tuan"), ["c3"])]) == []
+
+
+async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, redis_client):
+    one, two = stores
+    await one.admit(ACME, "linh", "c1")
+    await one.admit(ACME, "tuan", "c2")
+    # linh's instance died: the key is gone and the deadline is due. tuan is still held.
+    redis_client.delete(presence_key(ACME, "linh"))
+    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0, member(ACME, "tuan"): 0})
+    assert await one.reap() == [(member(ACME, "linh"), True)]
+    assert await two.reap() == []
+    assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
+    # tuan's key lives, so his deadline is pushed past it rather than taken.
+    assert redis_client.zscore(DEADLINES, member(ACME, "tuan")) > 0
+
+
+async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(stores, redis_client):
+    one, two = stores
+    await one.admit(ACME, "linh", "c1")
+    redis_client.delete(presence_key(ACME, "linh"))
+    assert await one.grace_check(ACME, "linh") == 1
+    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
+    assert await two.reap() == [(member(ACME, "linh"), False)]
+
+
+async def test_online_reads_the_keys_of_one_tenant_in_one_mget(stores):
+    one, _ = stores
+    await one.admit(ACME, "linh", "c1")
+    await one.admit(GLOBEX, "zed", "c2")
+    assert await one.online(ACME, ["hermit", "linh", "zed"]) == ["linh"]
+    assert await one.online(ACME, []) == []
+
+
+async def test_a_dead_store_answers_none_at_once_and_logs_each_failure(caplog):
+    from relay.embedded_redis import free_port
+    from relay.logging import event_fields
+
+    dead = PresenceStore(f"redis://127.0.0.1:{free_port()}/0", TIMINGS)
+    try:
+        assert await dead.admit(ACME, "linh", "c1") is None
+        assert await dead.reap() is None
+    finally:
+        await dead.close()
+    failures = [event_fields(r) for r in caplog.records if r.getMessage() == "presence.failed"]
+    assert [f["op"] for f in failures] == ["admit", "reap"]
+    assert all("ConnectionError" in f["error"] for f in failures)
+    assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_dedup_delivers_an_id_once_and_forgets_the_oldest_beyond_its_window():
+    dedup = Dedup(size=2)
+    assert dedup.claim("a") is True
+    assert dedup.claim("a") is False
+    dedup.claim("b")
+    dedup.claim("c")
+    assert len(dedup) == 2
+    assert dedup.claim("a") is True
+
+
+def test_a_well_formed_transition_parses_and_anything_else_does_not():
+    channel = str(uuid.uuid4())
+    good = transition_message("linh", "online", str(uuid.uuid4()), channel)
+    assert isinstance(parse_transition(good), Transition)
+    for bad in (
+        {key: value for key, value in good.items() if key != "transition"},
+        {**good, "extra": 1},
+        {**good, "state": "away"},
+        {**good, "user": ""},
+        {**good, "transition": "not-a-uuid"},
+        {**good, "channel": "nope"},
+    ):
+        assert parse_transition(bad) is None
+    assert subject_of(good) == f"presence.{channel}"
+    assert subject_of({"channel": "nope"}) == "presence.unknown"

@@ -212,3 +212,27 @@ class WsClient:
         await self.connection.close()
         if self._reader:
             await self._reader
+
+
+async def next_frame(communicator: Any, timeout: float = 3.0, skip: str = "presence.") -> dict:
+    """The next frame on an in-process socket whose type does not start with `skip`.
+
+    Every connection gets presence frames (its snapshot, its own `online`); tests of
+    other families read past them, and presence has its own tests.
+    """
+    while True:
+        received = json.loads(await communicator.receive_from(timeout=timeout))
+        if not received["type"].startswith(skip):
+            return received
+
+
+async def nothing_but(communicator: Any, timeout: float = 0.2, skip: str = "presence.") -> bool:
+    """True when no frame other than `skip`'s arrives on an in-process socket within `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
+        if await communicator.receive_nothing(timeout=remaining):
+            return True
+        received = json.loads(await communicator.receive_from(timeout=remaining))
+        if not received["type"].startswith(skip):
+            return False
+    return True

@@ -21,6 +21,7 @@ from relay import registry
 from relay.asgi import application
 from relay.frames import StrictModel
 from relay.logging import event_fields
+from tests.support import next_frame, nothing_but
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,7 +40,7 @@ class Worker:
         communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
         connected, _ = await communicator.connect()
         assert connected
-        ack = json.loads(await communicator.receive_from(timeout=3))
+        ack = await next_frame(communicator)
         assert ack["type"] == "connection.ack"
         return cls(communicator, ack["payload"])
 
@@ -50,14 +51,14 @@ class Worker:
         await self.communicator.send_to(text_data=text)
 
     async def receive(self) -> dict:
-        return json.loads(await self.communicator.receive_from(timeout=3))
+        return await next_frame(self.communicator)
 
     async def register(self, instance: str, **capability: object) -> dict:
         await self.send("register", {"instance": instance, "capability": capability})
         return await self.receive()
 
     async def nothing_more(self) -> bool:
-        return await self.communicator.receive_nothing(timeout=0.2)
+        return await nothing_but(self.communicator)
 
     async def close(self) -> None:
         await self.communicator.disconnect()

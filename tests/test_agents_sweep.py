@@ -1,7 +1,6 @@
 """Liveness: rows unseen for RELAY_AGENT_TTL_MS are aged out; heartbeating ones stay. No test sleeps for a TTL."""
 
 import asyncio
-import json
 import threading
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -20,6 +19,7 @@ from agents.sweeper import Sweeper, sweeper
 from relay.asgi import application
 from relay.frames import Capability
 from relay.logging import event_fields
+from tests.support import next_frame as frame
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(milliseconds=30_000)
@@ -133,10 +133,6 @@ def frozen_clock(monkeypatch):
     moment = {"now": T0}
     monkeypatch.setattr(actions, "clock", lambda: moment["now"])
     return moment
-
-
-async def frame(communicator: WebsocketCommunicator) -> dict:
-    return json.loads(await communicator.receive_from(timeout=3))
 
 
 # database_sync_to_async, not the async ORM: it closes its connection after each call, so

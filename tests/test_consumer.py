@@ -12,6 +12,7 @@ from relay.asgi import application
 from relay.consumers import CLOSE_UNAUTHORIZED
 from relay.logging import event_fields
 from relay.tokens import mint_token
+from tests.support import next_frame
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,10 +26,7 @@ async def connect(token: str | None, query: str = "") -> tuple[WebsocketCommunic
 
 async def frame(communicator: WebsocketCommunicator) -> dict:
     """The next frame that is not presence's (the snapshot and transitions have their own tests)."""
-    while True:
-        received = json.loads(await communicator.receive_from(timeout=3))
-        if not received["type"].startswith("presence."):
-            return received
+    return await next_frame(communicator)
 
 
 async def test_a_valid_token_gets_connection_ack_with_the_users_channels(acme):

@@ -480,11 +480,17 @@ async def test_with_the_presence_redis_unreachable_sockets_open_and_failures_are
     assert linh.of_type("presence.snapshot") == [{"online": []}]
     await linh.send_raw("not json")
     assert (await linh.next_of("error"))["code"] == "invalid_frame"
-    # The rest of the instance works: the API answers.
+    # The rest of the instance works: the API answers, and messages flow both ways.
     status, _ = http("POST", f"{broken.http_url}/v1/tokens", {"user": "tuan"}, acme.api_key)
     assert status == 201
+    tuan = await connect(broken, acme, "tuan")
+    fleet = str(acme.channels["fleet"].id)
+    await linh.send("message.send", {"idem_key": "k-1", "channel": fleet, "text": "still here?"})
+    assert (await linh.next_of("message.ack"))["seq"] == 1
+    created = await tuan.next_of("message.created")
+    assert (created["user"], created["text"], created["seq"]) == ("linh", "still here?", 1)
     await asyncio.sleep(3 * REFRESH / 1000)
-    await linh.close()
+    await close_all(linh, tuan)
     failed = await logged(broken, "presence.failed", op="release")
     assert {line["op"] for line in broken.events("presence.failed")} >= {"admit", "snapshot", "refresh", "release"}
     assert all(line["level"] == "error" and isinstance(line["error"], str) for line in failed)

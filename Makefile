@@ -36,3 +36,10 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache
+
+## The benchmark (not part of `make test`): full at most 15 minutes, quick at most 3.
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+bench-quick: $(STAMP)
+	$(PY) -m bench.run --quick

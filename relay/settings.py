@@ -64,7 +64,12 @@ TEMPLATES = [
 
 # ── Database ─────────────────────────────────────────────────────────────────
 DATABASES = {
-    "default": dj_database_url.parse(env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"), conn_max_age=0)
+    # Persistent connections: database_sync_to_async closes connections older than
+    # CONN_MAX_AGE around every call, so 0 would reconnect (and re-run the SQLite
+    # pragmas) several times per WebSocket connect.
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"), conn_max_age=600, conn_health_checks=True
+    )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several Daphne processes share one SQLite file: WAL lets readers run beside

@@ -1,0 +1,1 @@
+"""The benchmark harness: `make bench` / `make bench-quick` (see docs/performance.md)."""

@@ -1,0 +1,250 @@
+"""The load generator: a separate process driving real WebSocket clients with asyncio.
+
+`python -m bench.loadgen` reads one JSON job on stdin's first line, runs it, and
+writes JSON lines on stdout: `{"event": "ready", ...}` when a held load is in place
+(the orchestrator then measures the server and answers with any line on stdin to
+let go), and `{"event": "result", ...}` at the end. Progress goes to stderr.
+
+Scenarios:
+- `idle`: open N connections (bounded concurrency), wait for every ack, hold.
+- `notify`: watchers connect to one instance; subjects connect to another at a fixed
+  rate; latency = subject's connect start → the watcher receives its `online`.
+- `churn`: connect/disconnect pairs at a fixed rate across two instances, watchers
+  on both; reports online-notification latency and presence frames delivered/s.
+- `ceiling`: watchers connect to a frame-pushing server; reports frames/s received.
+"""
+
+import asyncio
+import json
+import random
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+import websockets
+
+
+def _raise_fd_limit() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def progress(message: str) -> None:
+    print(f"  loadgen: {message}", file=sys.stderr, flush=True)
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile; 0 for an empty list."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(pct / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+async def _wait_line() -> None:
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.readline)
+
+
+class Watcher:
+    """A connection that records when each `presence.changed` arrives, by (user, state)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.ws: Any = None
+        self.seen: dict[tuple[str, str], float] = {}
+        self.frames = 0
+        self.acked = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.ws = await websockets.connect(self.url, open_timeout=60, ping_interval=None, max_queue=None)
+        self.task = asyncio.create_task(self._read())
+        await asyncio.wait_for(self.acked.wait(), 60)
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                now = time.perf_counter()
+                frame = json.loads(raw)
+                kind = frame["type"]
+                if kind == "connection.ack":
+                    self.acked.set()
+                elif kind == "presence.changed":
+                    self.frames += 1
+                    payload = frame["payload"]
+                    self.seen.setdefault((payload["user"], payload["state"]), now)
+        except websockets.ConnectionClosed:
+            pass
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+async def _open_many(urls: list[str], concurrency: int) -> list[Watcher]:
+    watchers = [Watcher(url) for url in urls]
+    semaphore = asyncio.Semaphore(concurrency)
+    done = 0
+
+    async def one(watcher: Watcher) -> None:
+        nonlocal done
+        async with semaphore:
+            await watcher.start()
+        done += 1
+        if done % 1000 == 0:
+            progress(f"{done}/{len(watchers)} connections acknowledged")
+
+    await asyncio.gather(*(one(watcher) for watcher in watchers))
+    return watchers
+
+
+async def idle(job: dict) -> None:
+    started = time.perf_counter()
+    watchers = await _open_many(job["urls"], job.get("concurrency", 200))
+    emit("ready", connections=len(watchers), seconds=round(time.perf_counter() - started, 2))
+    await _wait_line()
+    await asyncio.gather(*(watcher.close() for watcher in watchers), return_exceptions=True)
+    emit("result", connections=len(watchers))
+
+
+async def _subject_cycle(url: str, hold: float, opened: dict, key: str) -> None:
+    """Connect a subject, note when the connect started, wait for the ack, hold, close."""
+    opened[key] = time.perf_counter()
+    ws = await websockets.connect(url, open_timeout=60, ping_interval=None)
+    try:
+        await asyncio.wait_for(ws.recv(), 60)
+        await asyncio.sleep(hold)
+    finally:
+        await ws.close()
+
+
+async def _paced(subjects: list[tuple[str, str]], rate: float, hold: float, opened: dict) -> float:
+    """Start subject cycles at `rate` per second; return the rate actually achieved."""
+    tasks = []
+    started = time.perf_counter()
+    for index, (user, url) in enumerate(subjects):
+        due = started + index / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_subject_cycle(url, hold, opened, user)))
+    elapsed = time.perf_counter() - started
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        progress(f"{len(failures)} subject connections failed, first: {failures[0]!r}")
+    return len(subjects) / elapsed if elapsed > 0 else rate
+
+
+def _latencies(watchers_by_user: dict[str, list[Watcher]], opened: dict, state: str) -> tuple[list[float], int]:
+    """Per (subject, watcher) latency in ms of the `state` frame, and how many never arrived."""
+    values, missing = [], 0
+    for user, started in opened.items():
+        for watcher in watchers_by_user[user]:
+            arrived = watcher.seen.get((user, state))
+            if arrived is None:
+                missing += 1
+            else:
+                values.append((arrived - started) * 1000)
+    return values, missing
+
+
+async def notify(job: dict) -> None:
+    """Subjects on one instance, their watchers on another; latency of `online`."""
+    watchers_by_user: dict[str, list[Watcher]] = defaultdict(list)
+    all_watchers = await _open_many([w["url"] for w in job["watchers"]], job.get("concurrency", 200))
+    for spec, watcher in zip(job["watchers"], all_watchers, strict=True):
+        for user in spec["subjects"]:
+            watchers_by_user[user].append(watcher)
+    progress(f"{len(all_watchers)} watchers ready; {len(job['subjects'])} subjects at {job['rate']}/s")
+    opened: dict[str, float] = {}
+    achieved = await _paced([(s["user"], s["url"]) for s in job["subjects"]], job["rate"], job["hold"], opened)
+    await asyncio.sleep(job.get("settle", 1.0))
+    values, missing = _latencies(watchers_by_user, opened, "online")
+    await asyncio.gather(*(w.close() for w in all_watchers), return_exceptions=True)
+    emit(
+        "result",
+        p50_ms=round(percentile(values, 50), 2),
+        p99_ms=round(percentile(values, 99), 2),
+        mean_ms=round(statistics.fmean(values), 2) if values else 0.0,
+        samples=len(values),
+        missing=missing,
+        achieved_rate=round(achieved, 1),
+    )
+
+
+async def churn(job: dict) -> None:
+    """Connect/disconnect pairs at `rate`/s; online latency and presence frames delivered per second."""
+    watchers_by_user: dict[str, list[Watcher]] = defaultdict(list)
+    all_watchers = await _open_many([w["url"] for w in job["watchers"]], job.get("concurrency", 200))
+    for spec, watcher in zip(job["watchers"], all_watchers, strict=True):
+        for user in spec["subjects"]:
+            watchers_by_user[user].append(watcher)
+    frames_before = sum(w.frames for w in all_watchers)
+    opened: dict[str, float] = {}
+    started = time.perf_counter()
+    achieved = await _paced([(s["user"], s["url"]) for s in job["subjects"]], job["rate"], job["hold"], opened)
+    # Wait out the grace so each pair's `offline` is delivered and counted too.
+    await asyncio.sleep(job.get("settle", 1.0))
+    elapsed = time.perf_counter() - started
+    frames = sum(w.frames for w in all_watchers) - frames_before
+    values, missing = _latencies(watchers_by_user, opened, "online")
+    _, offline_missing = _latencies(watchers_by_user, opened, "offline")
+    await asyncio.gather(*(w.close() for w in all_watchers), return_exceptions=True)
+    emit(
+        "result",
+        rate=job["rate"],
+        achieved_rate=round(achieved, 1),
+        p50_ms=round(percentile(values, 50), 2),
+        p99_ms=round(percentile(values, 99), 2),
+        missing_online=missing,
+        missing_offline=offline_missing,
+        frames=frames,
+        frames_per_s=round(frames / elapsed, 1) if elapsed else 0.0,
+        seconds=round(elapsed, 2),
+    )
+
+
+async def ceiling(job: dict) -> None:
+    """Connect to the frame-pushing server, ask for a burst, count what arrives per second."""
+    watchers = await _open_many(job["urls"], job.get("concurrency", 200))
+    control = await websockets.connect(job["control_url"], ping_interval=None)
+    started = time.perf_counter()
+    await control.send(json.dumps({"frames": job["frames"]}))
+    expected = job["frames"] * len(watchers)
+    # Polled rather than signalled: the readers stay as cheap as in the other scenarios.
+    while sum(w.frames for w in watchers) < expected and time.perf_counter() - started < job.get("timeout", 60):  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    received = sum(w.frames for w in watchers)
+    await control.close()
+    await asyncio.gather(*(w.close() for w in watchers), return_exceptions=True)
+    emit("result", frames=received, frames_per_s=round(received / elapsed, 1), seconds=round(elapsed, 3))
+
+
+SCENARIOS = {"idle": idle, "notify": notify, "churn": churn, "ceiling": ceiling}
+
+
+def main() -> None:
+    _raise_fd_limit()
+    job = json.loads(sys.stdin.readline())
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    random.seed(job.get("seed", 1))
+    asyncio.run(SCENARIOS[job["scenario"]](job))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,595 @@
+"""`make bench` / `make bench-quick`: start Redis and Daphne, drive real clients, write results.
+
+Everything runs on this machine: one embedded Redis, Daphne processes for Relay and
+for the bare baseline, the ceiling server, and a separate load-generator process
+(bench/loadgen.py). Results go to bench/results/latest.json (the keys issue 6
+defines, each a number) and bench/results/latest.md (readable, with the machine,
+versions and settings).
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+RESULTS = BASE_DIR / "bench" / "results"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    idle_connections: int
+    cpu_idle_seconds: float
+    notify_rate: float
+    notify_seconds: float
+    notify_watchers: int
+    churn_rates: tuple[int, ...]
+    churn_seconds: float
+    connect_cpu_connections: int
+    ceiling_frames: int
+    layer_rate: int
+
+
+FULL = Sizes(10_000, 10.0, 100, 10.0, 20, (100, 200, 300, 400, 500, 600, 800, 1000), 5.0, 2000, 50, 600)
+QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 200, 400), 2.0, 500, 20, 400)
+
+# Scaled presence timings for the churn phases, so each pair's `offline` lands in the window.
+CHURN_TIMINGS = {
+    "RELAY_PRESENCE_GRACE_MS": "300",
+    "RELAY_PRESENCE_TTL_MS": "3000",
+    "RELAY_PRESENCE_REFRESH_MS": "1000",
+    "RELAY_PRESENCE_MARGIN_MS": "50",
+}
+P99_LIMIT_MS = 250.0
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ── process readings ─────────────────────────────────────────────────────────
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def redis_calls(client: Any) -> int:
+    return sum(stats["calls"] for stats in client.info("commandstats").values())
+
+
+# ── the bench database ───────────────────────────────────────────────────────
+class World:
+    """The bench database and everything the scenarios need from it: users, channels, tokens."""
+
+    def __init__(self, workdir: Path, redis_url: str) -> None:
+        self.database = workdir / "bench.sqlite3"
+        os.environ["DATABASE_URL"] = f"sqlite:///{self.database}"
+        os.environ["RELAY_REDIS_URL"] = redis_url
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=BASE_DIR, check=True)
+        import django
+
+        django.setup()
+        from relay.models import Environment
+
+        self.environment = Environment.objects.create(name="bench")
+
+    def users(self, prefix: str, count: int) -> list[str]:
+        from relay.models import User
+
+        ids = [f"{prefix}-{index}" for index in range(count)]
+        User.objects.bulk_create([User(environment=self.environment, external_id=uid) for uid in ids], batch_size=2000)
+        return ids
+
+    def channel(self, name: str, members: list[str]) -> str:
+        from relay.models import Channel, Membership, User
+
+        channel = Channel.objects.create(environment=self.environment, name=name, type="private")
+        users = User.objects.filter(environment=self.environment, external_id__in=members)
+        Membership.objects.bulk_create([Membership(channel=channel, user=user) for user in users], batch_size=2000)
+        return str(channel.id)
+
+    def token(self, user_id: str) -> str:
+        from relay.tokens import mint_token
+
+        return mint_token(self.environment, user_id, 6 * 3600)[0]
+
+
+# ── servers ──────────────────────────────────────────────────────────────────
+class Server:
+    """A child process serving WebSockets on a port; knows its pid for /proc readings."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], workdir: Path, port: int) -> None:
+        self.name, self.port = name, port
+        self.log = (workdir / f"{name}.log").open("wb")
+        self.process = subprocess.Popen(argv, cwd=BASE_DIR, env=env, stdout=self.log, stderr=self.log)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def ws_url(self, query: str) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/ws?{query}"
+
+    def wait_ready(self, timeout: float = 60) -> "Server":
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; see its log")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not listen on {self.port}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def daphne(name: str, workdir: Path, app: str = "relay.asgi:application", **env: str) -> Server:
+    from relay.embedded_redis import free_port
+
+    port = free_port()
+    child_env = {**os.environ, "RELAY_LOG_FORMAT": "json", **env}
+    # Daphne itself does not raise the file limit; 10,000 sockets need it.
+    argv = ["bash", "-c", f'ulimit -n "$(ulimit -Hn)"; exec "{sys.executable}" -m daphne -b 127.0.0.1 -p {port} {app}']
+    return Server(name, argv, child_env, workdir, port).wait_ready()
+
+
+def ceiling_server(workdir: Path) -> Server:
+    from relay.embedded_redis import free_port
+
+    port = free_port()
+    return Server(
+        "ceiling", [sys.executable, "-m", "bench.ceiling", str(port)], dict(os.environ), workdir, port
+    ).wait_ready()
+
+
+# ── the load generator ───────────────────────────────────────────────────────
+class LoadGen:
+    """One run of bench/loadgen.py with one job."""
+
+    def __init__(self, job: dict) -> None:
+        argv = ["bash", "-c", f'ulimit -n "$(ulimit -Hn)"; exec "{sys.executable}" -m bench.loadgen']
+        self.process = subprocess.Popen(argv, cwd=BASE_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+
+    def expect(self, event: str) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"loadgen ended before {event!r} (exit {self.process.wait()})")
+        message = json.loads(line)
+        if message["event"] != event:
+            raise RuntimeError(f"loadgen said {message} while {event!r} was expected")
+        return message
+
+    def release(self) -> None:
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def finish(self) -> dict:
+        result = self.expect("result")
+        self.process.wait(timeout=60)
+        return result
+
+
+def run_job(job: dict) -> dict:
+    return LoadGen(job).finish()
+
+
+# ── the phases ───────────────────────────────────────────────────────────────
+def phase_idle(world: World, workdir: Path, sizes: Sizes) -> dict:
+    """One Daphne process holding N idle, acknowledged connections: RSS and CPU."""
+    users = world.users("idle", sizes.idle_connections)
+    for start in range(0, len(users), 50):
+        world.channel(f"idle-room-{start // 50}", users[start : start + 50])
+    server = daphne("relay-idle", workdir)
+    try:
+        warm = LoadGen({"scenario": "idle", "urls": [server.ws_url(f"token={world.token(users[0])}")]})
+        warm.expect("ready")
+        warm.release()
+        warm.finish()
+        time.sleep(1)
+        rss_before = rss_kb(server.pid)
+        say(f"idle: opening {len(users)} connections to one instance")
+        urls = [server.ws_url(f"token={world.token(uid)}") for uid in users]
+        load = LoadGen({"scenario": "idle", "urls": urls, "concurrency": 100})
+        ready = load.expect("ready")
+        time.sleep(2)
+        rss_after = rss_kb(server.pid)
+        cpu_before = cpu_seconds(server.pid)
+        time.sleep(sizes.cpu_idle_seconds)
+        cpu_used = cpu_seconds(server.pid) - cpu_before
+        load.release()
+        load.finish()
+    finally:
+        server.stop()
+    held = ready["connections"]
+    cpu_pct = 100 * cpu_used / sizes.cpu_idle_seconds
+    say(f"idle: {held} held, {(rss_after - rss_before) / held:.1f} KB each, {cpu_pct:.2f}% CPU")
+    return {
+        "idle.connections": held,
+        "idle.rss_kb_per_connection": round((rss_after - rss_before) / held, 2),
+        "idle.cpu_pct_per_1k": round(cpu_pct / (held / 1000), 3),
+        "_idle_open_seconds": ready["seconds"],
+        "_idle_rss_before_kb": rss_before,
+        "_idle_rss_after_kb": rss_after,
+    }
+
+
+def _watch_world(world: World, prefix: str, subjects: int, watchers: int, per_channel: int) -> tuple[list, list]:
+    """Channels of `watchers` watchers plus `per_channel` subjects each; returns (watcher specs, subject ids)."""
+    subject_ids = world.users(f"{prefix}-s", subjects)
+    channels = max(1, subjects // per_channel)
+    watcher_specs = []
+    for index in range(channels):
+        members = subject_ids[index::channels]
+        watcher_ids = world.users(f"{prefix}-w{index}", watchers)
+        world.channel(f"{prefix}-{index}", watcher_ids + members)
+        watcher_specs += [{"user": uid, "subjects": members} for uid in watcher_ids]
+    return watcher_specs, subject_ids
+
+
+def phase_notify(world: World, workdir: Path, sizes: Sizes) -> dict:
+    """Subject connects on A → watcher on B hears `online`, at a steady rate."""
+    count = int(sizes.notify_rate * sizes.notify_seconds)
+    watchers, subjects = _watch_world(world, "notify", count, sizes.notify_watchers, per_channel=20)
+    a, b = daphne("relay-notify-a", workdir), daphne("relay-notify-b", workdir)
+    try:
+        say(f"notify: {len(watchers)} watchers on B, {count} subjects on A at {sizes.notify_rate}/s")
+        result = run_job(
+            {
+                "scenario": "notify",
+                "watchers": [
+                    {"url": b.ws_url(f"token={world.token(w['user'])}"), "subjects": w["subjects"]} for w in watchers
+                ],
+                "subjects": [{"user": s, "url": a.ws_url(f"token={world.token(s)}")} for s in subjects],
+                "rate": sizes.notify_rate,
+                "hold": 0.5,
+                "settle": 1.5,
+            }
+        )
+    finally:
+        a.stop()
+        b.stop()
+    say(
+        f"notify: p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms "
+        f"({result['samples']} samples, {result['missing']} missing)"
+    )
+    return {
+        "notify.p50_ms": result["p50_ms"],
+        "notify.p99_ms": result["p99_ms"],
+        "notify.rate": sizes.notify_rate,
+        "notify.watchers": sizes.notify_watchers,
+        "_notify_missing": result["missing"],
+        "_notify_achieved_rate": result["achieved_rate"],
+    }
+
+
+def _churn_job(world: World, a: Server, b: Server, prefix: str, rate: int, seconds: float) -> dict:
+    count = int(rate * seconds)
+    watchers, subjects = _watch_world(world, prefix, count, 20, per_channel=max(1, count // 20))
+    return {
+        "scenario": "churn",
+        # Half of each channel's watchers on each instance; subjects alternate instances.
+        "watchers": [
+            {"url": (a, b)[i % 2].ws_url(f"token={world.token(w['user'])}"), "subjects": w["subjects"]}
+            for i, w in enumerate(watchers)
+        ],
+        "subjects": [
+            {"user": s, "url": (a, b)[i % 2].ws_url(f"token={world.token(s)}")} for i, s in enumerate(subjects)
+        ],
+        "rate": rate,
+        "hold": 0.05,
+        "settle": 1.5,
+    }
+
+
+def phase_churn(world: World, workdir: Path, sizes: Sizes) -> tuple[dict, list[dict]]:
+    """Raise the connect/disconnect rate until online p99 passes 250 ms or the rate cannot be held."""
+    a = daphne("relay-churn-a", workdir, **CHURN_TIMINGS)
+    b = daphne("relay-churn-b", workdir, **CHURN_TIMINGS)
+    steps, best = [], None
+    try:
+        for rate in sizes.churn_rates:
+            result = run_job(_churn_job(world, a, b, f"churn{rate}", rate, sizes.churn_seconds))
+            steps.append(result)
+            held = result["achieved_rate"] >= 0.9 * rate and result["missing_online"] == 0
+            say(
+                f"churn {rate}/s: achieved {result['achieved_rate']}/s, p99 {result['p99_ms']} ms, "
+                f"{result['frames_per_s']} frames/s, missing {result['missing_online']}/{result['missing_offline']}"
+            )
+            if result["p99_ms"] > P99_LIMIT_MS or not held:
+                break
+            best = result
+    finally:
+        a.stop()
+        b.stop()
+    return (
+        {
+            "transitions.max_per_s": best["rate"] if best else 0,
+            "fanout.frames_per_s": best["frames_per_s"] if best else 0.0,
+        },
+        steps,
+    )
+
+
+def phase_commands(world: World, workdir: Path, redis_client: Any) -> dict:
+    """INFO commandstats deltas for one user in 5 channels connecting, then disconnecting."""
+    members = world.users("cmd", 6)
+    subject, neighbour = members[0], members[1]
+    for index in range(5):
+        world.channel(f"cmd-{index}", [subject, neighbour])
+    server = daphne("relay-commands", workdir, **{**CHURN_TIMINGS, "RELAY_PRESENCE_REFRESH_MS": "2500"})
+    try:
+        # A neighbour already connected on the instance: the steady state, where the
+        # channels' groups are already subscribed and only the subject's own work counts.
+        hold = LoadGen({"scenario": "idle", "urls": [server.ws_url(f"token={world.token(neighbour)}")]})
+        hold.expect("ready")
+        time.sleep(0.5)
+        calls = redis_calls(redis_client)
+        time.sleep(0.5)
+        background = redis_calls(redis_client) - calls
+        subject_load = LoadGen({"scenario": "idle", "urls": [server.ws_url(f"token={world.token(subject)}")]})
+        subject_load.expect("ready")
+        time.sleep(0.5)
+        connect_calls = redis_calls(redis_client) - calls - background - 1  # the INFO itself
+        calls = redis_calls(redis_client)
+        subject_load.release()
+        subject_load.finish()
+        time.sleep(1.0)  # past grace + margin: the grace check and the `offline` publish count
+        disconnect_calls = redis_calls(redis_client) - calls - 2 * background - 1
+        hold.release()
+        hold.finish()
+    finally:
+        server.stop()
+    say(f"redis: {connect_calls} commands per connect, {disconnect_calls} per disconnect (5 channels)")
+    return {"redis.commands_per_connect": connect_calls, "redis.commands_per_disconnect": disconnect_calls}
+
+
+def _connect_cpu(server: Server, urls: list[str]) -> float:
+    before = cpu_seconds(server.pid)
+    load = LoadGen({"scenario": "idle", "urls": urls, "concurrency": 50})
+    load.expect("ready")
+    used = cpu_seconds(server.pid) - before
+    load.release()
+    load.finish()
+    return used / len(urls)
+
+
+def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
+    """Relay's CPU per connect against the bare consumer's, same users and groups."""
+    users = world.users("cpu", sizes.connect_cpu_connections)
+    channel_of = {}
+    for start in range(0, len(users), 50):
+        channel = world.channel(f"cpu-room-{start // 50}", users[start : start + 50])
+        channel_of.update(dict.fromkeys(users[start : start + 50], channel))
+    relay = daphne("relay-cpu", workdir)
+    bare = daphne("bare-cpu", workdir, app="bench.bare:application")
+    try:
+        relay_cpu = _connect_cpu(relay, [relay.ws_url(f"token={world.token(uid)}") for uid in users])
+        bare_cpu = _connect_cpu(bare, [bare.ws_url(f"channels={channel_of[uid]}") for uid in users])
+    finally:
+        relay.stop()
+        bare.stop()
+    say(f"connect CPU: relay {relay_cpu * 1000:.2f} ms, bare {bare_cpu * 1000:.2f} ms")
+    return {
+        "ratio.connect_cpu_vs_bare": round(relay_cpu / bare_cpu, 3),
+        "_connect_cpu_ms_relay": round(relay_cpu * 1000, 3),
+        "_connect_cpu_ms_bare": round(bare_cpu * 1000, 3),
+    }
+
+
+def phase_ceiling(workdir: Path, sizes: Sizes, watchers: int) -> dict:
+    server = ceiling_server(workdir)
+    try:
+        result = run_job(
+            {
+                "scenario": "ceiling",
+                "urls": [server.ws_url("") for _ in range(watchers)],
+                "control_url": f"ws://127.0.0.1:{server.port}/control",
+                "frames": sizes.ceiling_frames,
+            }
+        )
+    finally:
+        server.stop()
+    say(f"ceiling: {result['frames_per_s']} frames/s to {watchers} watchers")
+    return {"_ceiling_frames_per_s": result["frames_per_s"]}
+
+
+def phase_layers(world: World, workdir: Path, sizes: Sizes) -> dict:
+    """The same churn burst with RedisPubSubChannelLayer and RedisChannelLayer."""
+    rates = {}
+    for layer in ("pubsub", "core"):
+        a = daphne(f"relay-{layer}-a", workdir, RELAY_CHANNEL_LAYER=layer, **CHURN_TIMINGS)
+        b = daphne(f"relay-{layer}-b", workdir, RELAY_CHANNEL_LAYER=layer, **CHURN_TIMINGS)
+        try:
+            result = run_job(_churn_job(world, a, b, f"layer-{layer}", sizes.layer_rate, sizes.churn_seconds))
+        finally:
+            a.stop()
+            b.stop()
+        rates[layer] = result["frames_per_s"]
+        say(
+            f"layer {layer}: {result['frames_per_s']} frames/s at {sizes.layer_rate} pairs/s "
+            f"(p99 {result['p99_ms']} ms)"
+        )
+    return {
+        "layers.pubsub_vs_core_frames": round(rates["pubsub"] / rates["core"], 3) if rates["core"] else 0.0,
+        "_layer_pubsub_frames_per_s": rates["pubsub"],
+        "_layer_core_frames_per_s": rates["core"],
+    }
+
+
+# ── reporting ────────────────────────────────────────────────────────────────
+def versions() -> dict:
+    import channels
+    import channels_redis
+    import daphne as daphne_module
+    import django
+    import redis
+
+    return {
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "channels": channels.__version__,
+        "channels_redis": channels_redis.__version__,
+        "daphne": daphne_module.__version__,
+        "redis-py": redis.__version__,
+    }
+
+
+def machine() -> dict:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    memory_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+    }
+
+
+TARGETS = {
+    "idle.connections": (">=", 10_000),
+    "idle.rss_kb_per_connection": ("<=", 40),
+    "idle.cpu_pct_per_1k": ("<=", 5),
+    "notify.p50_ms": ("<=", 10),
+    "notify.p99_ms": ("<=", 50),
+    "transitions.max_per_s": (">=", 500),
+    "fanout.frames_per_s": (">=", 10_000),
+    "redis.commands_per_connect": ("<=", 7),
+    "ratio.connect_cpu_vs_bare": ("<=", 1.3),
+}
+
+
+def verdict(key: str, value: float) -> str:
+    if key not in TARGETS:
+        return ""
+    op, target = TARGETS[key]
+    met = value >= target if op == ">=" else value <= target
+    return f"{'met' if met else 'MISSED'} ({op} {target})"
+
+
+def write_results(results: dict, context: dict, steps: list[dict], mode: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    public = {key: value for key, value in results.items() if not key.startswith("_")}
+    (RESULTS / "latest.json").write_text(json.dumps(public, indent=2, sort_keys=True) + "\n")
+    lines = [
+        f"# Relay benchmark ({mode})",
+        "",
+        f"Run {context['started']} in {context['seconds']} s: `make {'bench-quick' if mode == 'quick' else 'bench'}`.",
+        "",
+        "## Results",
+        "",
+        "| key | value | target |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{key}` | {value} | {verdict(key, value)} |" for key, value in sorted(public.items())]
+    lines += ["", "## Supporting numbers", "", "| measurement | value |", "|---|---|"]
+    lines += [f"| {key[1:]} | {value} |" for key, value in sorted(results.items()) if key.startswith("_")]
+    lines += [
+        "",
+        "## Churn steps (connect/disconnect pairs per second)",
+        "",
+        "| rate | achieved | p50 ms | p99 ms | frames/s | missing online/offline |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {s['rate']} | {s['achieved_rate']} | {s['p50_ms']} | {s['p99_ms']} | {s['frames_per_s']} "
+        f"| {s['missing_online']}/{s['missing_offline']} |"
+        for s in steps
+    ]
+    lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in context["machine"].items()]
+    lines += ["", "## Versions", ""] + [f"- {key}: {value}" for key, value in context["versions"].items()]
+    lines += ["", "## Settings", ""] + [f"- {key}: {value}" for key, value in context["settings"].items()]
+    (RESULTS / "latest.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="the same metrics at smaller sizes (about 2 minutes)")
+    parser.add_argument(
+        "--only", nargs="*", help="run only these phases (idle notify churn commands cpu ceiling layers)"
+    )
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    phases = set(args.only or ["idle", "notify", "churn", "commands", "cpu", "ceiling", "layers"])
+    started = time.time()
+    sys.path.insert(0, str(BASE_DIR))
+    from relay.embedded_redis import EmbeddedRedis
+
+    results: dict[str, Any] = {}
+    steps: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp, EmbeddedRedis() as redis_server:
+        workdir = Path(tmp)
+        say(f"bench ({'quick' if args.quick else 'full'}): Redis {redis_server.url}, work dir {workdir}")
+        world = World(workdir, redis_server.url)
+        import redis
+
+        redis_client = redis.Redis.from_url(redis_server.url)
+        if "idle" in phases:
+            results.update(phase_idle(world, workdir, sizes))
+        if "notify" in phases:
+            results.update(phase_notify(world, workdir, sizes))
+        if "churn" in phases:
+            churn, steps = phase_churn(world, workdir, sizes)
+            results.update(churn)
+        if "commands" in phases:
+            results.update(phase_commands(world, workdir, redis_client))
+        if "cpu" in phases:
+            results.update(phase_connect_cpu(world, workdir, sizes))
+        if "ceiling" in phases and "fanout.frames_per_s" in results:
+            results.update(phase_ceiling(workdir, sizes, watchers=20))
+            results["ratio.frames_vs_ceiling"] = round(
+                results["fanout.frames_per_s"] / results["_ceiling_frames_per_s"], 3
+            )
+        if "layers" in phases:
+            results.update(phase_layers(world, workdir, sizes))
+        redis_client.close()
+    context = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+        "seconds": round(time.time() - started),
+        "machine": machine(),
+        "versions": versions(),
+        "settings": {"sizes": sizes, "churn timings": CHURN_TIMINGS, "p99 limit ms": P99_LIMIT_MS},
+    }
+    write_results(results, context, steps, "quick" if args.quick else "full")
+    say(f"done in {context['seconds']} s: bench/results/latest.json and latest.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -375,6 +375,30 @@ def sync_client() -> redis.Redis:
     return client
 
 
+def online_members() -> dict[str, list[str]] | None:
+    """Every online user by environment id, from one pass over the presence keys; None on failure.
+
+    A SCAN rather than an MGET of every user in the table: its cost follows the keyspace
+    (what is online) instead of the user table, and it never blocks Redis like KEYS would.
+    """
+    started = time.perf_counter()
+    found: dict[str, list[str]] = {}
+    try:
+        for raw in sync_client().scan_iter(match="presence:*", count=1000):
+            name = _text(raw)[len("presence:") :]
+            environment_id, _, user_id = name.partition(":")
+            # Markers, connection sets and the deadline set share the prefix; only
+            # `presence:{env uuid}:{user}` means online.
+            if len(environment_id) == 36 and user_id and environment_id.count("-") == 4:
+                found.setdefault(environment_id, []).append(user_id)
+    except (redis.RedisError, OSError) as error:
+        record_failure("online_members", error)
+        return None
+    finally:
+        metrics.REDIS_OP_SECONDS.labels(op="online_members").observe(time.perf_counter() - started)
+    return {environment_id: sorted(users) for environment_id, users in found.items()}
+
+
 def online_flags(subjects: Sequence[tuple[str, str]], op: str = "online_flags") -> list[bool] | None:
     """Return, for each (environment id, user id), whether they are online now; None on failure.
 

@@ -3,6 +3,8 @@
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
 
 from relay.models import ApiKey, Channel, Environment, Membership, Message, User
 
@@ -22,7 +24,7 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Environment)
 class EnvironmentAdmin(admin.ModelAdmin):
-    list_display = ("name", "id", "user_count", "channel_count", "secret_rotated_at", "created_at")
+    list_display = ("name", "id", "user_count", "channel_count", "presence_page", "secret_rotated_at", "created_at")
     search_fields = ("name", "id")
     readonly_fields = ("id", "secret_rotated_at", "created_at")
     exclude = ("signing_secret",)
@@ -43,6 +45,10 @@ class EnvironmentAdmin(admin.ModelAdmin):
     @admin.display(description="channels", ordering="_channels")
     def channel_count(self, obj: Environment) -> int:
         return obj._channels
+
+    @admin.display(description="presence")
+    def presence_page(self, obj: Environment) -> str:
+        return format_html('<a href="{}">who is online</a>', reverse("relay_environment_presence", args=[obj.pk]))
 
     @admin.action(description="Rotate the token signing secret (invalidates every token)")
     def rotate_signing_secret(self, request: HttpRequest, queryset: QuerySet) -> None:

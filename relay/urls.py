@@ -3,9 +3,16 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from relay import api
+from relay import api, dashboard
 
 urlpatterns = [
+    # Before admin.site.urls, whose catch-all would otherwise answer it; admin_view
+    # makes it staff-only, like every admin page.
+    path(
+        "admin/environments/<uuid:environment_id>/presence/",
+        admin.site.admin_view(dashboard.environment_presence),
+        name="relay_environment_presence",
+    ),
     path("admin/", admin.site.urls),
     path("healthz", api.healthz),
     path("readyz", api.readyz),

@@ -43,7 +43,9 @@ def main() -> int:
         # Ctrl-C reaches the whole process group; this process waits for Daphne to
         # finish its own shutdown instead of dying first and orphaning it.
         signal.signal(signal.SIGINT, lambda *_: None)
-        signal.signal(signal.SIGTERM, lambda *_: daphne.send_signal(signal.SIGINT))
+        # SIGTERM is passed on as SIGTERM: a `make run` started in the background
+        # inherits SIGINT ignored (POSIX), and Twisted then leaves it ignored.
+        signal.signal(signal.SIGTERM, lambda *_: daphne.terminate())
         return daphne.wait()
     except (subprocess.CalledProcessError, KeyboardInterrupt):
         return 1

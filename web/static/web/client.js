@@ -38,7 +38,8 @@ function connect() {
   const socket = new WebSocket(`${scheme}//${location.host}/v1/ws?${query}`);
   socket.onmessage = (event) => {
     const frame = JSON.parse(event.data);
-    handlers[frame.type]?.(frame.payload); // ignore types this client does not know
+    // Ignore types this client does not know: the server may add new ones.
+    if (Object.hasOwn(handlers, frame.type)) handlers[frame.type](frame.payload);
   };
   // Only the current socket may schedule a reconnect; a signed-out one is forgotten.
   socket.onclose = (event) => socket === state.socket && disconnected(event.code);

@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The browser tests drive Debian's Chromium; Playwright never downloads a browser.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: run test test-postgres lint format bench bench-quick clean
 
@@ -17,14 +20,19 @@ $(STAMP): requirements.txt requirements-dev.txt
 run: $(STAMP)
 	$(PY) -m relay.devserver
 
-## Lint, check migrations, then the whole suite against a real Redis.
-test: $(STAMP) lint
+## Lint, check migrations, then the whole suite against a real Redis and a headless Chromium.
+test: $(STAMP) $(CHROMIUM) lint
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
 
 ## The same suite against a private PostgreSQL cluster (the production database).
-test-postgres: $(STAMP)
+test-postgres: $(STAMP) $(CHROMIUM)
 	scripts/with-postgres $(PY) -m pytest
+
+# Installed only where missing (CI runs as root on a fresh machine).
+$(CHROMIUM):
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -9,12 +9,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from relay.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Daphne serves no files itself (only `runserver` adds this handler), so without
+        # it /static/ is a 404 and admin renders unstyled. Files come from the apps'
+        # static/ folders through Django's finders: no collectstatic step.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
         # No AllowedHostsOriginValidator: clients authenticate with a token in the
         # URL, not a cookie, so a cross-origin page gains nothing by connecting.
         "websocket": URLRouter(websocket_urlpatterns),

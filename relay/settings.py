@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "relay",
     "presence",
     "agents",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -151,6 +152,9 @@ RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum
 RELAY_AGENT_SWEEP_MS = env_int("RELAY_AGENT_SWEEP_MS", max(1, RELAY_AGENT_TTL_MS // 3), minimum=1)
 
 # ── Demo client and first-run data (`make run`) ──────────────────────────────
+# Turns on the demo sign-in at / (also on under DEBUG) and, in `setupdemo`, the
+# prompt-free `admin` superuser. Never on in a deployment: the sign-in mints a
+# token for any user of the `local` environment without a password.
 RELAY_DEMO = env_bool("RELAY_DEMO", False)
 
 # ── Logging ──────────────────────────────────────────────────────────────────

@@ -1,4 +1,4 @@
-"""Admin, the /v1 API, health and metrics."""
+"""Admin, the /v1 API, health, metrics and the demo web client."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -24,4 +24,5 @@ urlpatterns = [
     path("v1/tokens", api.tokens),
     path("", include("presence.urls")),
     path("", include("agents.urls")),
+    path("", include("web.urls")),
 ]

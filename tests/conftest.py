@@ -22,6 +22,17 @@ from relay.settings import channel_layers_for
 from relay.tokens import mint_token
 from tests.support import Instance, database_url, instance_env, new_instance
 
+# Each phase's report ("setup", "call", "teardown"), so a fixture's teardown can tell
+# that its test failed (the browser tests keep screenshots of failures).
+PHASE_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report = yield
+    item.stash.setdefault(PHASE_REPORTS, {})[report.when] = report
+    return report
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # The test database is a file (live Daphne processes share it) in var/, which a

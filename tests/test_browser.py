@@ -1,0 +1,253 @@
+"""The demo client in a real browser: two people, two browser contexts, live Daphne (issue 7, item 2).
+
+Who is who: the `local` environment `make run` creates. Linh and Tuan share "fleet"
+and "general". Each signs in through the demo sign-in in their own browser context
+(separate storage, separate sockets), as two people on two machines would.
+
+Playwright's sync API keeps an event loop "running" in this thread while it is
+started, and Django refuses database calls then: every database write happens in
+the fixtures before the browser starts, and the test database is flushed after
+the browser has stopped (fixture order sees to both).
+"""
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from tests.conftest import PHASE_REPORTS
+from tests.support import BASE_DIR, Instance
+
+pytestmark = [pytest.mark.live, pytest.mark.browser]
+
+CHROMIUM = Path("/usr/bin/chromium")
+# The machine reaches nothing beyond package registries: without the background
+# networking flags Chromium stalls on its own update and sync requests.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = BASE_DIR / "test-artifacts"
+# Scaled presence timings: long enough that "not before the grace" is measurable
+# on a loaded 2-core machine, short enough to keep the test quick.
+GRACE_MS = 800
+MARGIN_MS = 200
+# Generous: other suites share the two cores, and a reconnect waits out a back-off.
+WAIT_MS = 30_000
+
+
+@dataclass
+class Browsing:
+    """One headless Chromium; each `open` is a new browser context (a separate person)."""
+
+    browser: Browser
+    pages: dict[str, Page] = field(default_factory=dict)
+    console: dict[str, list[str]] = field(default_factory=dict)
+    page_errors: list[str] = field(default_factory=list)
+
+    def open(self, label: str) -> Page:
+        context = self.browser.new_context(viewport={"width": 1100, "height": 700})
+        page = context.new_page()
+        lines = self.console.setdefault(label, [])
+        page.on("console", lambda message: lines.append(f"{message.type}: {message.text}"))
+        page.on("pageerror", lambda error: self.page_errors.append(f"{label}: {error}"))
+        page.on("pageerror", lambda error: lines.append(f"uncaught: {error}"))
+        self.pages[label] = page
+        return page
+
+    def keep_artifacts(self, directory: Path) -> None:
+        """Save every open page's screenshot and every page's console log under `directory`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for label, page in self.pages.items():
+            if not page.is_closed():
+                page.screenshot(path=str(directory / f"{label}.png"), full_page=True)
+        for label, lines in self.console.items():
+            (directory / f"{label}.console.log").write_text("\n".join(lines) + "\n")
+
+
+def failed(item: pytest.Item) -> bool:
+    return any(report.failed for report in item.stash.get(PHASE_REPORTS, {}).values())
+
+
+@pytest.fixture
+def relays(live_instances: Callable[..., list[Instance]]) -> Callable[[int], list[Instance]]:
+    """Start `count` Daphne instances serving the demo, on a test database holding the local environment."""
+    call_command("setupdemo", stdout=StringIO())
+
+    def start(count: int = 1) -> list[Instance]:
+        return live_instances(
+            count,
+            RELAY_DEMO="1",
+            RELAY_PRESENCE_GRACE_MS=str(GRACE_MS),
+            RELAY_PRESENCE_MARGIN_MS=str(MARGIN_MS),
+        )
+
+    return start
+
+
+@pytest.fixture
+def chromium(request: pytest.FixtureRequest, relays: Callable[[int], list[Instance]]) -> Iterator[Browsing]:
+    """A headless Chromium; a failing test leaves screenshots and console logs in test-artifacts/."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        browsing = Browsing(
+            playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        )
+        yield browsing
+        if failed(request.node):
+            browsing.keep_artifacts(ARTIFACTS / re.sub(r"[^\w.-]+", "_", request.node.name))
+        browsing.browser.close()
+    if browsing.page_errors and not failed(request.node):
+        pytest.fail("uncaught errors in the page:\n" + "\n".join(browsing.page_errors))
+
+
+def sign_in(page: Page, instance: Instance, name: str) -> None:
+    """Open the client on `instance`, sign in as the demo user `name`, wait for connection.ack."""
+    page.goto(f"{instance.http_url}/")
+    page.get_by_role("button", name=name, exact=True).click()
+    expect(page.locator("#status")).to_have_attribute("data-connection", "connected", timeout=WAIT_MS)
+
+
+def open_channel(page: Page, name: str) -> None:
+    page.locator(f'[data-channel-name="{name}"]').click()
+    expect(page.locator("#channel-name")).to_have_text(f"#{name}")
+
+
+def dot(page: Page, user: str) -> Locator:
+    """The member list entry of `user`; its data-presence is "online" or "offline"."""
+    return page.locator(f'#members [data-member="{user}"]')
+
+
+def send(page: Page, text: str) -> None:
+    page.fill("#message-text", text)
+    page.press("#message-text", "Enter")
+
+
+def texts(page: Page) -> Locator:
+    return page.locator("#messages li .text")
+
+
+def test_b_sees_as_dot_turn_green_when_a_signs_in(chromium, relays):
+    (relay,) = relays(1)
+    tuan = chromium.open("tuan")
+    sign_in(tuan, relay, "Tuan")
+    # Tuan's own dot turning green proves presence frames reach the page, so Linh's
+    # grey dot beside it means "offline", not "nothing arrived yet".
+    expect(dot(tuan, "tuan")).to_have_attribute("data-presence", "online", timeout=WAIT_MS)
+    expect(dot(tuan, "linh")).to_have_attribute("data-presence", "offline")
+
+    sign_in(chromium.open("linh"), relay, "Linh")
+    expect(dot(tuan, "linh")).to_have_attribute("data-presence", "online", timeout=WAIT_MS)
+
+
+# Runs inside the watcher's page: notes the wall-clock time of every change of one
+# member's dot, so "not before the grace" does not depend on when the test looks.
+WATCH_DOT = """(user) => {
+    window.dotChanges = [];
+    let last = null;
+    const note = () => {
+        const presence = document.querySelector(`#members [data-member="${user}"]`)?.dataset.presence ?? null;
+        if (presence !== last) window.dotChanges.push({ presence, at: Date.now() });
+        last = presence;
+    };
+    note();
+    new MutationObserver(note).observe(document.getElementById("members"), {
+        childList: true, subtree: true, attributes: true,
+    });
+}"""
+
+
+def test_b_sees_a_turn_grey_a_grace_after_a_closes_the_tab_and_not_before(chromium, relays):
+    (relay,) = relays(1)
+    linh, tuan = chromium.open("linh"), chromium.open("tuan")
+    sign_in(tuan, relay, "Tuan")
+    sign_in(linh, relay, "Linh")
+    expect(dot(tuan, "linh")).to_have_attribute("data-presence", "online", timeout=WAIT_MS)
+    tuan.evaluate(WATCH_DOT, "linh")
+
+    # Taken before the tab closes, so the server's close (and its grace) starts later.
+    closed_at = tuan.evaluate("Date.now()")
+    linh.close()
+    expect(dot(tuan, "linh")).to_have_attribute("data-presence", "offline", timeout=WAIT_MS)
+
+    changes = tuan.evaluate("window.dotChanges")
+    assert [change["presence"] for change in changes] == ["online", "offline"], changes
+    assert changes[1]["at"] - closed_at >= GRACE_MS, "offline was shown before the grace had passed"
+    expect(dot(tuan, "tuan")).to_have_attribute("data-presence", "online")
+
+
+def test_a_message_sent_by_a_appears_at_b_as_text(chromium, relays):
+    (relay,) = relays(1)
+    linh, tuan = chromium.open("linh"), chromium.open("tuan")
+    sign_in(linh, relay, "Linh")
+    sign_in(tuan, relay, "Tuan")
+    open_channel(linh, "general")
+    open_channel(tuan, "general")
+    # Message text is untrusted: it must arrive as text, never as markup.
+    text = 'hello <b>Tuan</b> & <img src="x" onerror="window.injected = true">'
+    send(linh, text)
+
+    expect(texts(tuan)).to_have_text([text], timeout=WAIT_MS)
+    expect(tuan.locator("#messages li .author")).to_have_text(["Linh"])
+    expect(texts(linh)).to_have_text([text], timeout=WAIT_MS)
+    assert tuan.locator("#messages b, #messages img").count() == 0
+    assert tuan.evaluate("window.injected") is None
+
+
+def test_after_a_drop_b_reconnects_and_gets_what_it_missed_once(chromium, relays):
+    one, two = relays(2)
+    linh, tuan = chromium.open("linh"), chromium.open("tuan")
+    sign_in(linh, one, "Linh")
+    sign_in(tuan, two, "Tuan")
+    open_channel(linh, "general")
+    open_channel(tuan, "general")
+    send(linh, "before the drop")
+    expect(texts(tuan)).to_have_text(["before the drop"], timeout=WAIT_MS)
+
+    two.stop()
+    expect(tuan.locator("#status")).to_have_attribute("data-connection", "disconnected", timeout=WAIT_MS)
+    send(linh, "while Tuan was away")
+    expect(texts(linh)).to_have_text(["before the drop", "while Tuan was away"], timeout=WAIT_MS)
+    two.start()
+
+    # The page reconnects by itself (back-off) with its cursor: the missed message
+    # arrives, the one already shown is not repeated, and live ones follow.
+    expect(tuan.locator("#status")).to_have_attribute("data-connection", "connected", timeout=WAIT_MS)
+    expect(texts(tuan)).to_have_text(["before the drop", "while Tuan was away"], timeout=WAIT_MS)
+    send(linh, "after the return")
+    expect(texts(tuan)).to_have_text(["before the drop", "while Tuan was away", "after the return"], timeout=WAIT_MS)
+    expect(dot(tuan, "linh")).to_have_attribute("data-presence", "online", timeout=WAIT_MS)
+
+
+def test_a_refused_token_signs_the_page_out_and_it_stops_reconnecting(chromium, relays):
+    (relay,) = relays(1)
+    tuan = chromium.open("tuan")
+    sign_in(tuan, relay, "Tuan")
+    # A reload resumes the saved session; with a forged token the server closes 4401.
+    tuan.evaluate("""() => {
+        const session = JSON.parse(sessionStorage.getItem("relay.demo.session"));
+        sessionStorage.setItem("relay.demo.session", JSON.stringify({ ...session, token: "forged" }));
+    }""")
+    sockets: list[str] = []
+    tuan.on("websocket", lambda socket: sockets.append(socket.url))
+    tuan.reload()
+
+    expect(tuan.locator("#status")).to_have_attribute("data-connection", "signed-out", timeout=WAIT_MS)
+    expect(tuan.locator("#status")).to_contain_text("refused the token")
+    expect(tuan.get_by_role("button", name="Tuan", exact=True)).to_be_visible()
+    # Well past the first back-off step (at most 500 ms): no second attempt was made.
+    time.sleep(1.5)
+    assert len(sockets) == 1, sockets
+    assert tuan.evaluate("sessionStorage.getItem('relay.demo.session')") is None

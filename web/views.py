@@ -1,0 +1,94 @@
+"""The demo web client (`/`) and its dev-only sign-in (`POST /demo/session`).
+
+The sign-in mints a connection token for any user of the `local` environment that
+`make run` creates, without a password: it exists only when DEBUG or RELAY_DEMO is
+on, and answers 404 otherwise.
+"""
+
+from django.conf import settings
+from django.db.models import Prefetch
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_safe
+
+from relay.api import channel_json, endpoint, get_user, parse_body, user_json
+from relay.exceptions import ApiError
+from relay.frames import Identifier, StrictModel
+from relay.management.commands.setupdemo import DEFAULT_ENVIRONMENT
+from relay.models import Channel, Environment, User
+from relay.tokens import mint_token
+
+# A working day: the page stops reconnecting on 4401, so a short token would sign
+# a demo out in the middle of a session.
+DEMO_TOKEN_TTL_SECONDS = 8 * 3600
+
+# Message text and names are untrusted; the client only ever writes them with
+# textContent, and this policy makes any slip inert: no inline script, nothing
+# loaded or connected to outside this origin.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+
+
+class DemoSessionBody(StrictModel):
+    user: Identifier
+
+
+def demo_enabled() -> bool:
+    """Whether the passwordless demo sign-in is on (DEBUG or RELAY_DEMO)."""
+    return bool(settings.DEBUG or settings.RELAY_DEMO)
+
+
+def demo_environment() -> Environment | None:
+    """Return the `local` environment `setupdemo` creates, if it exists."""
+    return Environment.objects.filter(name=DEFAULT_ENVIRONMENT).first()
+
+
+@require_safe
+def index(request: HttpRequest) -> HttpResponse:
+    """The client page; it lists the demo users to sign in as when the demo is on."""
+    enabled = demo_enabled()
+    environment = demo_environment() if enabled else None
+    users = list(environment.users.order_by("external_id")) if environment else []
+    context = {"demo_enabled": enabled, "environment": environment, "users": users}
+    response = render(request, "web/index.html", context)
+    response["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    return response
+
+
+@endpoint("POST", authenticated=False)
+def demo_session(request: HttpRequest) -> HttpResponse:
+    """POST /demo/session `{"user"}`: a token and the user's channels with their members."""
+    if not demo_enabled():
+        raise ApiError(404, "not_found", "the demo sign-in is off (set DEBUG=1 or RELAY_DEMO=1)")
+    body = parse_body(request, DemoSessionBody)
+    environment = demo_environment()
+    if environment is None:
+        raise ApiError(404, "environment_not_found", "no 'local' environment: run `python manage.py setupdemo`")
+    user = get_user(environment, body.user)
+    token, expires_at = mint_token(environment, user.external_id, DEMO_TOKEN_TTL_SECONDS)
+    channels = (
+        Channel.objects.filter(environment=environment, memberships__user=user)
+        .prefetch_related(Prefetch("members", queryset=User.objects.order_by("external_id")))
+        .order_by("name", "id")
+    )
+    return JsonResponse(
+        {
+            "token": token,
+            "expires_at": expires_at.isoformat(),
+            "user": user_json(user),
+            "channels": [
+                {**channel_json(channel), "members": [user_json(member) for member in channel.members.all()]}
+                for channel in channels
+            ],
+        }
+    )

@@ -12,6 +12,7 @@ from django.db.models import F
 
 from relay.asgi import application
 from relay.models import Channel, Message, User
+from tests.support import FrameRecorder
 
 # Every way a `message.send` payload can be malformed; each must be refused with nothing stored.
 # `{channel}` is replaced by a channel the sender belongs to, so only the named flaw is wrong.
@@ -61,14 +62,14 @@ def send_payload(channel: Channel | str, text: str = "hello", idem_key: str | No
     return {"idem_key": idem_key or uuid.uuid4().hex, "channel": str(getattr(channel, "id", channel)), "text": text}
 
 
-class Socket:
+class Socket(FrameRecorder):
     """An in-process WebSocket on relay.asgi.application that records every frame, in order."""
 
+    default_timeout = 10.0
+
     def __init__(self, communicator: WebsocketCommunicator) -> None:
+        super().__init__()
         self.communicator = communicator
-        self.frames: list[dict] = []
-        self.close_code: int | None = None
-        self._arrived = asyncio.Event()
         self._reader: asyncio.Task | None = None
 
     @classmethod
@@ -87,18 +88,13 @@ class Socket:
         while True:
             output = await self.communicator.receive_output(timeout=3600)
             if output["type"] == "websocket.send":
-                self.frames.append(json.loads(output["text"]))
+                self._record(json.loads(output["text"]))
             elif output["type"] == "websocket.close":
-                self.close_code = output.get("code", 1000)
-                self._arrived.set()
+                self._record_close(output.get("code", 1000))
                 return
-            self._arrived.set()
 
     async def send(self, frame_type: str, payload: Any) -> None:
         await self.communicator.send_json_to({"type": frame_type, "payload": payload})
-
-    def of_type(self, frame_type: str) -> list[dict]:
-        return [frame["payload"] for frame in self.frames if frame["type"] == frame_type]
 
     def seqs(self, channel: Channel | None = None) -> list[int]:
         """The seqs of the `message.created` frames received (of one channel), in arrival order."""
@@ -107,28 +103,6 @@ class Socket:
             for payload in self.of_type("message.created")
             if channel is None or payload["channel"] == str(channel.id)
         ]
-
-    async def wait_for(self, predicate: Any, timeout: float = 10.0) -> Any:
-        """Wait until `predicate(self)` is truthy and return its value."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            result = predicate(self)
-            if result:
-                return result
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                raise TimeoutError(f"condition not met in {timeout}s; frames so far: {self.frames[-20:]}")
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-
-    async def next_of(self, frame_type: str, after: int = 0, timeout: float = 10.0) -> dict:
-        """The first frame of `frame_type` at index >= `after`, waiting for it."""
-
-        def found(socket: "Socket") -> dict | None:
-            return next((f["payload"] for f in socket.frames[after:] if f["type"] == frame_type), None)
-
-        return await self.wait_for(found, timeout)
 
     async def send_and_ack(self, payload: dict) -> dict:
         """Send a `message.send` and return its `message.ack` (or the `error` it got)."""

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -142,15 +142,58 @@ def new_instance(name: str, directory: Path, env: dict[str, str]) -> Instance:
     return Instance(name=name, port=free_port(), env=env, log_path=directory / f"{name}.log")
 
 
-@dataclass
-class WsClient:
-    """A real WebSocket client that records every frame it receives, in order."""
+class FrameRecorder:
+    """The frames a test socket received, in order, and ways to wait for them."""
 
-    connection: ClientConnection
-    frames: list[dict] = field(default_factory=list)
-    close_code: int | None = None
-    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    _reader: asyncio.Task | None = None
+    default_timeout = 5.0
+
+    def __init__(self) -> None:
+        self.frames: list[dict] = []
+        self.close_code: int | None = None
+        self._arrived = asyncio.Event()
+
+    def _record(self, frame: dict) -> None:
+        self.frames.append(frame)
+        self._arrived.set()
+
+    def _record_close(self, code: int | None) -> None:
+        self.close_code = code
+        self._arrived.set()
+
+    def of_type(self, frame_type: str) -> list[dict]:
+        return [frame["payload"] for frame in self.frames if frame["type"] == frame_type]
+
+    async def wait_for(self, predicate: Any, timeout: float | None = None) -> Any:
+        """Wait until `predicate(self)` is truthy and return its value."""
+        timeout = timeout or self.default_timeout
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            result = predicate(self)
+            if result:
+                return result
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError(f"condition not met in {timeout}s; frames so far: {self.frames[-20:]}")
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    async def next_of(self, frame_type: str, after: int = 0, timeout: float | None = None) -> dict:
+        """Wait for the first frame of `frame_type` at index >= `after`; return its payload."""
+
+        def found(recorder: "FrameRecorder") -> dict | None:
+            return next((f["payload"] for f in recorder.frames[after:] if f["type"] == frame_type), None)
+
+        return await self.wait_for(found, timeout)
+
+
+class WsClient(FrameRecorder):
+    """A real WebSocket client (the `websockets` library) on a live instance."""
+
+    def __init__(self, connection: ClientConnection) -> None:
+        super().__init__()
+        self.connection = connection
+        self._reader: asyncio.Task | None = None
 
     @classmethod
     async def open(cls, url: str) -> "WsClient":
@@ -161,47 +204,17 @@ class WsClient:
     async def _read(self) -> None:
         try:
             async for raw in self.connection:
-                self.frames.append(json.loads(raw))
-                self._arrived.set()
+                self._record(json.loads(raw))
         except websockets.ConnectionClosed:
             pass
         finally:
-            self.close_code = self.connection.close_code
-            self._arrived.set()
+            self._record_close(self.connection.close_code)
 
     async def send(self, frame_type: str, payload: Any) -> None:
         await self.connection.send(json.dumps({"type": frame_type, "payload": payload}))
 
     async def send_raw(self, text: str) -> None:
         await self.connection.send(text)
-
-    def of_type(self, frame_type: str) -> list[dict]:
-        return [frame["payload"] for frame in self.frames if frame["type"] == frame_type]
-
-    async def wait_for(self, predicate: Any, timeout: float = 5.0) -> Any:
-        """Wait until `predicate(self)` is truthy and return its value."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            result = predicate(self)
-            if result:
-                return result
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                raise TimeoutError(f"condition not met in {timeout}s; frames so far: {self.frames}")
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-
-    async def next_of(self, frame_type: str, timeout: float = 5.0, after: int = 0) -> dict:
-        """Wait for the first frame of `frame_type` at index >= `after`; return its payload."""
-
-        def found(client: "WsClient") -> dict | None:
-            for frame in client.frames[after:]:
-                if frame["type"] == frame_type:
-                    return frame["payload"]
-            return None
-
-        return await self.wait_for(found, timeout)
 
     async def closed(self, timeout: float = 5.0) -> int:
         """Wait for the server to close the socket; return the close code."""

@@ -40,6 +40,9 @@ class Sizes:
 
 FULL = Sizes(10_000, 10.0, 100, 10.0, 20, (100, 200, 300, 400, 500, 600, 800, 1000), 5.0, 2000, 50, 600)
 QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 200, 400), 2.0, 500, 20, 400)
+# CI's smoke run: every phase and every key, in seconds; the numbers mean nothing at this size.
+SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 5, 20)
+MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 # Scaled presence timings for the churn phases, so each pair's `offline` lands in the window.
 CHURN_TIMINGS = {
@@ -70,6 +73,44 @@ def cpu_seconds(pid: int) -> float:
 
 def redis_calls(client: Any) -> int:
     return sum(stats["calls"] for stats in client.info("commandstats").values())
+
+
+class CommandLog:
+    """Every command Redis runs, read from MONITOR in a thread, each marked sent or run by a script.
+
+    INFO commandstats counts the commands a Lua script calls as well as the ones a client sends,
+    so it cannot tell "one EVALSHA" from "nine commands"; MONITOR tags the script's with `lua`.
+    """
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        import redis
+
+        self.entries: list[tuple[float, bool, str]] = []
+        self._client = redis.Redis.from_url(url)
+        self._monitor = self._client.monitor()
+        self._monitor.__enter__()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        import redis
+
+        try:
+            for command in self._monitor.listen():
+                self.entries.append((time.monotonic(), command["client_type"] == "lua", command["command"]))
+        except (redis.ConnectionError, ValueError):
+            return
+
+    def between(self, start: float, end: float) -> tuple[list[str], list[str]]:
+        """(commands clients sent, commands scripts ran) between two monotonic instants."""
+        window = [entry for entry in self.entries if start <= entry[0] < end]
+        return [c for _, lua, c in window if not lua], [c for _, lua, c in window if lua]
+
+    def close(self) -> None:
+        self._client.connection_pool.disconnect()
+        self._thread.join(timeout=2)
 
 
 # ── the bench database ───────────────────────────────────────────────────────
@@ -203,6 +244,14 @@ def run_job(job: dict) -> dict:
     return LoadGen(job).finish()
 
 
+def open_and_close(urls: list[str]) -> None:
+    """Open these connections, wait for every ack, close them."""
+    load = LoadGen({"scenario": "idle", "urls": urls})
+    load.expect("ready")
+    load.release()
+    load.finish()
+
+
 # ── the phases ───────────────────────────────────────────────────────────────
 def phase_idle(world: World, workdir: Path, sizes: Sizes) -> dict:
     """One Daphne process holding N idle, acknowledged connections: RSS and CPU."""
@@ -211,10 +260,7 @@ def phase_idle(world: World, workdir: Path, sizes: Sizes) -> dict:
         world.channel(f"idle-room-{start // 50}", users[start : start + 50])
     server = daphne("relay-idle", workdir)
     try:
-        warm = LoadGen({"scenario": "idle", "urls": [server.ws_url(f"token={world.token(users[0])}")]})
-        warm.expect("ready")
-        warm.release()
-        warm.finish()
+        open_and_close([server.ws_url(f"token={world.token(users[0])}")])
         time.sleep(1)
         rss_before = rss_kb(server.pid)
         say(f"idle: opening {len(users)} connections to one instance")
@@ -341,39 +387,78 @@ def phase_churn(world: World, workdir: Path, sizes: Sizes) -> tuple[dict, list[d
 
 
 def phase_commands(world: World, workdir: Path, redis_client: Any) -> dict:
-    """INFO commandstats deltas for one user in 5 channels connecting, then disconnecting."""
-    members = world.users("cmd", 6)
-    subject, neighbour = members[0], members[1]
+    """Commands one user in 5 channels costs Redis to connect, then to disconnect (grace check included).
+
+    The key counts the commands the instance SENDS (MONITOR, script internals excluded: the unit of
+    "2 + channels" and of round trips); INFO commandstats deltas, which add every command a Lua script
+    calls, are kept as supporting numbers. No background work can fall in a window: Redis is flushed
+    before the phase (an earlier phase's leftover deadlines made the reaper run ~1,500 commands in
+    the old disconnect window) and the refresh interval is longer than the phase.
+    """
+    members = world.users("cmd", 3)
+    subject, neighbour, warmup = members
     for index in range(5):
-        world.channel(f"cmd-{index}", [subject, neighbour])
-    server = daphne("relay-commands", workdir, **{**CHURN_TIMINGS, "RELAY_PRESENCE_REFRESH_MS": "2500"})
+        world.channel(f"cmd-{index}", members)
+    timings = {**CHURN_TIMINGS, "RELAY_PRESENCE_TTL_MS": "120000", "RELAY_PRESENCE_REFRESH_MS": "60000"}
+    server = daphne("relay-commands", workdir, **timings)
+    log = CommandLog(_url_of(redis_client))
+    settle = 0.4  # past grace (300 ms) + margin (50 ms): the grace check and the `offline` count
     try:
-        # A neighbour already connected on the instance: the steady state, where the
-        # channels' groups are already subscribed and only the subject's own work counts.
+        # A neighbour already connected on the instance: the steady state, where the channels'
+        # groups are already subscribed and only the subject's own work counts. One warm-up
+        # cycle first, so the scripts are loaded and the process's one-off subscriptions done.
         hold = LoadGen({"scenario": "idle", "urls": [server.ws_url(f"token={world.token(neighbour)}")]})
         hold.expect("ready")
-        time.sleep(0.5)
-        calls = redis_calls(redis_client)
-        time.sleep(0.5)
-        background = redis_calls(redis_client) - calls
+        open_and_close([server.ws_url(f"token={world.token(warmup)}")])
+        time.sleep(settle + 0.3)
+        executed = redis_calls(redis_client)
+        started = time.monotonic()
         subject_load = LoadGen({"scenario": "idle", "urls": [server.ws_url(f"token={world.token(subject)}")]})
         subject_load.expect("ready")
-        time.sleep(0.5)
-        connect_calls = redis_calls(redis_client) - calls - background - 1  # the INFO itself
-        calls = redis_calls(redis_client)
+        time.sleep(0.3)
+        connected = time.monotonic()
+        executed_connect = redis_calls(redis_client) - executed - 1  # the INFO itself
+        executed = redis_calls(redis_client)
         subject_load.release()
         subject_load.finish()
-        time.sleep(1.0)  # past grace + margin: the grace check and the `offline` publish count
-        disconnect_calls = redis_calls(redis_client) - calls - 2 * background - 1
+        time.sleep(settle + 0.3)
+        ended = time.monotonic()
+        executed_disconnect = redis_calls(redis_client) - executed - 1
         hold.release()
         hold.finish()
     finally:
         server.stop()
-    say(f"redis: {connect_calls} commands per connect, {disconnect_calls} per disconnect (5 channels)")
-    return {"redis.commands_per_connect": connect_calls, "redis.commands_per_disconnect": disconnect_calls}
+        log.close()
+    time.sleep(0.2)
+    sent_connect, lua_connect = log.between(started, connected)
+    sent_disconnect, lua_disconnect = log.between(connected, ended)
+    # The harness's own INFO calls are not the instance's.
+    sent_connect = [c for c in sent_connect if not c.upper().startswith("INFO")]
+    sent_disconnect = [c for c in sent_disconnect if not c.upper().startswith("INFO")]
+    say(
+        f"redis: {len(sent_connect)} commands sent per connect ({len(lua_connect)} more inside scripts), "
+        f"{len(sent_disconnect)} per disconnect ({len(lua_disconnect)} inside scripts), 5 channels"
+    )
+    return {
+        "redis.commands_per_connect": len(sent_connect),
+        "redis.commands_per_disconnect": len(sent_disconnect),
+        "_redis_connect_commands": " ".join(c.split()[0] for c in sent_connect),
+        "_redis_disconnect_commands": " ".join(c.split()[0] for c in sent_disconnect),
+        "_redis_executed_per_connect": executed_connect,
+        "_redis_executed_per_disconnect": executed_disconnect,
+    }
+
+
+def _url_of(client: Any) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
 
 
 def _connect_cpu(server: Server, urls: list[str]) -> float:
+    # One connection first: the process's one-off costs (lazy imports, the first subscription,
+    # script loading) are not a connect's.
+    open_and_close(urls[:1])
+    urls = urls[1:]
     before = cpu_seconds(server.pid)
     load = LoadGen({"scenario": "idle", "urls": urls, "concurrency": 50})
     load.expect("ready")
@@ -384,12 +469,14 @@ def _connect_cpu(server: Server, urls: list[str]) -> float:
 
 
 def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
-    """Relay's CPU per connect against the bare consumer's, same users and groups."""
+    """Relay's CPU per connect against the bare consumer's, same users and groups.
+
+    Each user has a channel of their own: the connect path alone is measured, as the bare
+    consumer does no fan-out. (With 50 users per channel, as before, each connect also delivered
+    up to 49 co-members' `online` frames: fan-out, which `fanout.frames_per_s` measures.)
+    """
     users = world.users("cpu", sizes.connect_cpu_connections)
-    channel_of = {}
-    for start in range(0, len(users), 50):
-        channel = world.channel(f"cpu-room-{start // 50}", users[start : start + 50])
-        channel_of.update(dict.fromkeys(users[start : start + 50], channel))
+    channel_of = {uid: world.channel(f"cpu-room-{uid}", [uid]) for uid in users}
     relay = daphne("relay-cpu", workdir)
     bare = daphne("bare-cpu", workdir, app="bench.bare:application")
     try:
@@ -503,14 +590,17 @@ def verdict(key: str, value: float) -> str:
     return f"{'met' if met else 'MISSED'} ({op} {target})"
 
 
-def write_results(results: dict, context: dict, steps: list[dict], mode: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+COMMANDS = {"full": "make bench", "quick": "make bench-quick", "smoke": "python -m bench.run --smoke"}
+
+
+def write_results(out: Path, results: dict, context: dict, steps: list[dict], mode: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     public = {key: value for key, value in results.items() if not key.startswith("_")}
-    (RESULTS / "latest.json").write_text(json.dumps(public, indent=2, sort_keys=True) + "\n")
+    (out / "latest.json").write_text(json.dumps(public, indent=2, sort_keys=True) + "\n")
     lines = [
         f"# Relay benchmark ({mode})",
         "",
-        f"Run {context['started']} in {context['seconds']} s: `make {'bench-quick' if mode == 'quick' else 'bench'}`.",
+        f"Run {context['started']} in {context['seconds']} s: `{COMMANDS[mode]}`.",
         "",
         "## Results",
         "",
@@ -535,17 +625,20 @@ def write_results(results: dict, context: dict, steps: list[dict], mode: str) ->
     lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in context["machine"].items()]
     lines += ["", "## Versions", ""] + [f"- {key}: {value}" for key, value in context["versions"].items()]
     lines += ["", "## Settings", ""] + [f"- {key}: {value}" for key, value in context["settings"].items()]
-    (RESULTS / "latest.md").write_text("\n".join(lines) + "\n")
+    (out / "latest.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the same metrics at smaller sizes (about 2 minutes)")
+    parser.add_argument("--smoke", action="store_true", help="every phase at toy sizes, in seconds (CI)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where latest.json and latest.md go")
     parser.add_argument(
         "--only", nargs="*", help="run only these phases (idle notify churn commands cpu ceiling layers)"
     )
     args = parser.parse_args()
-    sizes = QUICK if args.quick else FULL
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes = MODES[mode]
     phases = set(args.only or ["idle", "notify", "churn", "commands", "cpu", "ceiling", "layers"])
     started = time.time()
     sys.path.insert(0, str(BASE_DIR))
@@ -555,28 +648,35 @@ def main() -> int:
     steps: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp, EmbeddedRedis() as redis_server:
         workdir = Path(tmp)
-        say(f"bench ({'quick' if args.quick else 'full'}): Redis {redis_server.url}, work dir {workdir}")
+        say(f"bench ({mode}): Redis {redis_server.url}, work dir {workdir}")
         world = World(workdir, redis_server.url)
         import redis
 
         redis_client = redis.Redis.from_url(redis_server.url)
-        if "idle" in phases:
+
+        def fresh(phase: str) -> bool:
+            # Each phase starts on an empty Redis: an earlier phase's deadlines would otherwise
+            # keep the new instances' reapers busy publishing `offline` for users long gone.
+            if phase in phases:
+                redis_client.flushall()
+            return phase in phases
+
+        if fresh("idle"):
             results.update(phase_idle(world, workdir, sizes))
-        if "notify" in phases:
+        if fresh("notify"):
             results.update(phase_notify(world, workdir, sizes))
-        if "churn" in phases:
+        if fresh("churn"):
             churn, steps = phase_churn(world, workdir, sizes)
             results.update(churn)
-        if "commands" in phases:
+        if fresh("commands"):
             results.update(phase_commands(world, workdir, redis_client))
-        if "cpu" in phases:
+        if fresh("cpu"):
             results.update(phase_connect_cpu(world, workdir, sizes))
-        if "ceiling" in phases and "fanout.frames_per_s" in results:
+        if fresh("ceiling") and "fanout.frames_per_s" in results:
             results.update(phase_ceiling(workdir, sizes, watchers=20))
-            results["ratio.frames_vs_ceiling"] = round(
-                results["fanout.frames_per_s"] / results["_ceiling_frames_per_s"], 3
-            )
-        if "layers" in phases:
+            ceiling = results["_ceiling_frames_per_s"]
+            results["ratio.frames_vs_ceiling"] = round(results["fanout.frames_per_s"] / ceiling, 3) if ceiling else 0.0
+        if fresh("layers"):
             results.update(phase_layers(world, workdir, sizes))
         redis_client.close()
     context = {
@@ -586,8 +686,8 @@ def main() -> int:
         "versions": versions(),
         "settings": {"sizes": sizes, "churn timings": CHURN_TIMINGS, "p99 limit ms": P99_LIMIT_MS},
     }
-    write_results(results, context, steps, "quick" if args.quick else "full")
-    say(f"done in {context['seconds']} s: bench/results/latest.json and latest.md")
+    write_results(args.out, results, context, steps, mode)
+    say(f"done in {context['seconds']} s: {args.out / 'latest.json'} and latest.md")
     return 0
 
 

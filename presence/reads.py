@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 
 from presence import actions
 from presence.store import online_flags
-from relay.models import Channel, User
+from relay.models import Channel, Membership, User
 
 if TYPE_CHECKING:
     from relay.consumers import GatewayConsumer
@@ -19,10 +19,13 @@ if TYPE_CHECKING:
 
 def co_member_ids(environment_id: str, user_id: str, channel_ids: Collection[str]) -> list[str]:
     """The ids of the environment's users sharing at least one of `channel_ids`, and the user."""
+    # From the memberships of those channels (their index) rather than from the environment's
+    # users: 5x cheaper on SQLite, and without User's default ordering, which joined the
+    # environment table only to sort a result a set discards (docs/performance.md).
     found = set(
-        User.objects.filter(environment_id=environment_id, memberships__channel_id__in=list(channel_ids))
-        .values_list("external_id", flat=True)
-        .distinct()
+        Membership.objects.filter(channel_id__in=list(channel_ids), channel__environment_id=environment_id)
+        .order_by()
+        .values_list("user__external_id", flat=True)
     )
     found.add(user_id)
     return sorted(found)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
+import orjson
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
@@ -219,7 +220,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def send_frame(self, frame_type: str, payload: dict) -> None:
         """Send one `{"type", "payload"}` frame."""
         metrics.FRAMES_OUT.labels(type=frame_type).inc()
-        await self.send(text_data=json.dumps({"type": frame_type, "payload": payload}, separators=(",", ":")))
+        # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
+        await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
 
     async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
         """Send an `error` frame; the socket stays open."""

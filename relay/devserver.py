@@ -38,7 +38,7 @@ def main() -> int:
         manage("setupdemo")
         print(f"relay: serving on http://{HOST}:{PORT}/  (Ctrl-C stops everything)", flush=True)
         daphne = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", HOST, "-p", PORT, "relay.asgi:application"], env=os.environ
+            [sys.executable, "-m", "relay.serve", "-b", HOST, "-p", PORT, "relay.asgi:application"], env=os.environ
         )
         # Ctrl-C reaches the whole process group; this process waits for Daphne to
         # finish its own shutdown instead of dying first and orphaning it.

@@ -5,8 +5,8 @@ channels with the subject receives three copies of one transition; the transitio
 once, is what lets each connection deliver exactly one frame (seed 004, FR-012).
 """
 
+import sys
 import uuid
-from collections import OrderedDict
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ValidationError
@@ -73,15 +73,18 @@ class Dedup:
 
     def __init__(self, size: int = DEDUP_WINDOW) -> None:
         self.size = size
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        # A plain dict keeps insertion order too, without OrderedDict's linked list per entry.
+        self._seen: dict[str, None] = {}
 
     def claim(self, transition_id: str) -> bool:
         """True the first time an id is seen, False for every later copy."""
         if transition_id in self._seen:
             return False
-        self._seen[transition_id] = None
+        # Interned: every local watcher of a transition parsed its own copy of the id, and a full
+        # window would keep 256 of them per connection (~20 KB); interned, they share one string.
+        self._seen[sys.intern(transition_id)] = None
         if len(self._seen) > self.size:
-            self._seen.popitem(last=False)
+            del self._seen[next(iter(self._seen))]
         return True
 
     def __len__(self) -> int:

@@ -12,7 +12,9 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
@@ -130,6 +132,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         )
         for ext in self.admitted:
             await self._guarded(ext.opened, "opened")
+        # The loads served admit and opened; kept, they would cost every idle connection their size.
+        self.loaded = {}
 
     async def disconnect(self, code: int) -> None:
         if not self.is_open:
@@ -202,7 +206,19 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if handler is not None:
             await handler(self, message)
             return
-        await super().dispatch(message)
+        # Not super().dispatch(): Channels runs close_old_connections() in the sync worker thread
+        # before EVERY handler, a thread hop per connect, client frame and close (a quarter of a
+        # connect's thread work). Relay touches the database only through database_sync_to_async,
+        # which does the same around each call, where the connection is actually used.
+        method = getattr(self, get_handler_name(message), None)
+        if method is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await method(message)
+
+    async def websocket_disconnect(self, message: dict) -> None:
+        """The socket closed: Channels' own handler minus its close_old_connections() hop (see dispatch)."""
+        await self.disconnect(message["code"])
+        raise StopConsumer()
 
     async def membership_changed(self, event: dict) -> None:
         """The user joined or left a channel: keep `channel_ids` and every app's groups current."""

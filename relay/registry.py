@@ -49,7 +49,8 @@ class Extension:
     def load(self, user: "User", channel_ids: frozenset[str]) -> Any:
         """Before admit, SYNC, inside the connect's one database hop: read what the hooks need.
 
-        The result is `conn.loaded[self]`. Left alone, the extension costs the hop nothing.
+        The result is `conn.loaded[self]` during `admit` and `opened` (dropped after, so an idle
+        connection does not keep it). Left alone, the extension costs the hop nothing.
         An exception is logged and leaves `conn.loaded` without this extension's entry.
         """
 

@@ -308,12 +308,26 @@ def _watch_world(world: World, prefix: str, subjects: int, watchers: int, per_ch
     return watcher_specs, subject_ids
 
 
+def warm_up(world: World, prefix: str, *servers: Server) -> None:
+    """One connect and close on each instance, so no measured connect is a process's first.
+
+    A process's first connect loads the Lua scripts, opens its database connection and makes its
+    first subscriptions (tens of ms): at 300 subjects x 20 watchers, one such subject is a third of
+    the samples above p99.
+    """
+    user = world.users(f"{prefix}-warmup", 1)[0]
+    world.channel(f"{prefix}-warmup", [user])
+    for server in servers:
+        open_and_close([server.ws_url(f"token={world.token(user)}")])
+
+
 def phase_notify(world: World, workdir: Path, sizes: Sizes) -> dict:
     """Subject connects on A → watcher on B hears `online`, at a steady rate."""
     count = int(sizes.notify_rate * sizes.notify_seconds)
     watchers, subjects = _watch_world(world, "notify", count, sizes.notify_watchers, per_channel=20)
     a, b = daphne("relay-notify-a", workdir), daphne("relay-notify-b", workdir)
     try:
+        warm_up(world, "notify", a, b)
         say(f"notify: {len(watchers)} watchers on B, {count} subjects on A at {sizes.notify_rate}/s")
         result = run_job(
             {
@@ -369,6 +383,7 @@ def phase_churn(world: World, workdir: Path, sizes: Sizes) -> tuple[dict, list[d
     b = daphne("relay-churn-b", workdir, **CHURN_TIMINGS)
     steps, best = [], None
     try:
+        warm_up(world, "churn", a, b)
         for rate in sizes.churn_rates:
             result = run_job(_churn_job(world, a, b, f"churn{rate}", rate, sizes.churn_seconds))
             steps.append(result)
@@ -460,7 +475,8 @@ def _url_of(client: Any) -> str:
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
 
 
-def _connect_cpu(server: Server, urls: list[str]) -> float:
+def _connect_cpu(server: Server, urls: list[str]) -> tuple[float, float]:
+    """CPU seconds per connect, and per close (a supporting number), of one server."""
     # One connection first: the process's one-off costs (lazy imports, the first subscription,
     # script loading) are not a connect's.
     open_and_close(urls[:1])
@@ -468,10 +484,11 @@ def _connect_cpu(server: Server, urls: list[str]) -> float:
     before = cpu_seconds(server.pid)
     load = LoadGen({"scenario": "idle", "urls": urls, "concurrency": 50})
     load.expect("ready")
-    used = cpu_seconds(server.pid) - before
+    connected = cpu_seconds(server.pid)
     load.release()
     load.finish()
-    return used / len(urls)
+    time.sleep(0.5)  # the server finishes its closes after the clients have gone
+    return (connected - before) / len(urls), (cpu_seconds(server.pid) - connected) / len(urls)
 
 
 def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
@@ -486,16 +503,22 @@ def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
     relay = daphne("relay-cpu", workdir)
     bare = daphne("bare-cpu", workdir, app="bench.bare:application")
     try:
-        relay_cpu = _connect_cpu(relay, [relay.ws_url(f"token={world.token(uid)}") for uid in users])
-        bare_cpu = _connect_cpu(bare, [bare.ws_url(f"channels={channel_of[uid]}") for uid in users])
+        relay_cpu, relay_close = _connect_cpu(relay, [relay.ws_url(f"token={world.token(uid)}") for uid in users])
+        bare_cpu, bare_close = _connect_cpu(bare, [bare.ws_url(f"channels={channel_of[uid]}") for uid in users])
     finally:
         relay.stop()
         bare.stop()
-    say(f"connect CPU: relay {relay_cpu * 1000:.2f} ms, bare {bare_cpu * 1000:.2f} ms")
+    say(
+        f"connect CPU: relay {relay_cpu * 1000:.2f} ms, bare {bare_cpu * 1000:.2f} ms; "
+        f"close: relay {relay_close * 1000:.2f} ms, bare {bare_close * 1000:.2f} ms"
+    )
     return {
         "ratio.connect_cpu_vs_bare": round(relay_cpu / bare_cpu, 3),
         "_connect_cpu_ms_relay": round(relay_cpu * 1000, 3),
         "_connect_cpu_ms_bare": round(bare_cpu * 1000, 3),
+        # Without the grace check, which fires RELAY_PRESENCE_GRACE_MS later (30 s by default).
+        "_close_cpu_ms_relay": round(relay_close * 1000, 3),
+        "_close_cpu_ms_bare": round(bare_close * 1000, 3),
     }
 
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import jwt
 
+from relay.connect_reads import user_by_external_id
 from relay.exceptions import InvalidToken
 from relay.models import Environment, User
 
@@ -25,30 +26,30 @@ _REQUIRED_CLAIMS = ["env", "sub", "iat", "exp"]
 # against a cached secret is checked once more against the database's).
 SECRET_CACHE_SECONDS = 10.0
 
-_secrets: dict[uuid.UUID, tuple[float, str]] = {}
-_secrets_lock = threading.Lock()
+_environments: dict[uuid.UUID, tuple[float, Environment]] = {}
+_environments_lock = threading.Lock()
 
 
-def _signing_secret(environment_id: uuid.UUID, *, fresh: bool = False) -> str | None:
-    """The environment's signing secret, from this process's cache unless `fresh`; None when unknown."""
+def _environment(environment_id: uuid.UUID, *, fresh: bool = False) -> Environment | None:
+    """The environment (with its signing secret), from this process's cache unless `fresh`; None when unknown."""
     now = time.monotonic()
-    cached = _secrets.get(environment_id)
+    cached = _environments.get(environment_id)
     if cached is not None and not fresh and cached[0] > now:
         return cached[1]
-    secret = Environment.objects.filter(id=environment_id).values_list("signing_secret", flat=True).first()
-    with _secrets_lock:
-        if secret is None:
+    environment = Environment.objects.filter(id=environment_id).first()
+    with _environments_lock:
+        if environment is None:
             # Unknown ids are not remembered: forged ones would grow the cache without bound.
-            _secrets.pop(environment_id, None)
+            _environments.pop(environment_id, None)
         else:
-            _secrets[environment_id] = (now + SECRET_CACHE_SECONDS, secret)
-    return secret
+            _environments[environment_id] = (now + SECRET_CACHE_SECONDS, environment)
+    return environment
 
 
 def forget_secret(environment_id: uuid.UUID) -> None:
-    """Drop this process's cached secret of an environment (its secret was rotated)."""
-    with _secrets_lock:
-        _secrets.pop(environment_id, None)
+    """Drop this process's cached environment (its secret was rotated)."""
+    with _environments_lock:
+        _environments.pop(environment_id, None)
 
 
 def mint_token(
@@ -72,18 +73,18 @@ def verify_token(token: str | None) -> User:
         environment_id = uuid.UUID(str(unverified.get("env")))
     except (jwt.InvalidTokenError, ValueError) as error:
         raise InvalidToken("malformed token") from error
-    secret = _signing_secret(environment_id)
-    if secret is None:
+    environment = _environment(environment_id)
+    if environment is None:
         raise InvalidToken("unknown environment")
     try:
-        claims = _verified_claims(token, secret)
+        claims = _verified_claims(token, environment.signing_secret)
     except jwt.InvalidSignatureError:
         # Perhaps signed with a secret rotated in another process since this one cached its own.
-        secret = _signing_secret(environment_id, fresh=True)
-        if secret is None:
+        environment = _environment(environment_id, fresh=True)
+        if environment is None:
             raise InvalidToken("unknown environment") from None
         try:
-            claims = _verified_claims(token, secret)
+            claims = _verified_claims(token, environment.signing_secret)
         except jwt.InvalidTokenError as error:
             raise InvalidToken(type(error).__name__) from error
     except jwt.InvalidTokenError as error:
@@ -91,12 +92,12 @@ def verify_token(token: str | None) -> User:
     subject = claims["sub"]
     if not isinstance(subject, str):
         raise InvalidToken("malformed subject")
-    try:
-        # get(), not first(): first() sorts by User's default ordering, a join and a temporary B-tree
-        # for a lookup the unique index answers with one row.
-        return User.objects.select_related("environment").get(environment_id=environment_id, external_id=subject)
-    except User.DoesNotExist:
-        raise InvalidToken("unknown user") from None
+    user = user_by_external_id(environment_id, subject)
+    if user is None:
+        raise InvalidToken("unknown user")
+    # The cached environment, as select_related would have loaded it: no query if code reads it.
+    user.environment = environment
+    return user
 
 
 def _verified_claims(token: str, secret: str) -> dict:

@@ -30,7 +30,7 @@ ELSEWHERE = "a-secret-another-process-rotated-to-0123456789"
 
 @pytest.fixture(autouse=True)
 def _empty_secret_cache() -> None:
-    tokens._secrets.clear()
+    tokens._environments.clear()
 
 
 def _signed(environment: Environment, secret: str, user_id: str) -> str:
@@ -87,7 +87,7 @@ def test_unknown_environments_are_not_cached(acme):
     with pytest.raises(InvalidToken):
         verify_token(_signed(stranger, ELSEWHERE, "linh"))
     assert verify_token(acme.token("linh")).external_id == "linh"
-    assert set(tokens._secrets) == {acme.environment.id}
+    assert set(tokens._environments) == {acme.environment.id}
 
 
 # ── the membership bus ───────────────────────────────────────────────────────

@@ -244,7 +244,10 @@ class PresenceService:
             await group_send_many(
                 get_channel_layer(),
                 [
-                    (group_name(channel_id), transition_message(user_id, state, transition_id, channel_id))
+                    (
+                        group_name(channel_id),
+                        transition_message(user_id, state, transition_id, channel_id, copies=len(channels)),
+                    )
                     for channel_id in channels
                 ],
             )

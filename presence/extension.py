@@ -93,7 +93,7 @@ async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
     dedup = conn.state.get(STATE_KEY)
     if dedup is None:
         return
-    if not dedup.claim(transition.transition):
+    if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
     await conn.send_frame("presence.changed", {"user": transition.user, "state": transition.state})

@@ -1,4 +1,4 @@
-"""The mechanisms issue 6's optimisations added: the secret cache, the membership bus, Relay's layer.
+"""The mechanisms issue 6's optimisations added: secret cache, membership bus, Relay's layer, copy counts.
 
 Each is checked for what it must keep true (a rotated secret, a membership change raced with
 a connect, a message to a consumer of another process), against the real Redis.
@@ -17,6 +17,8 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from presence.extension import STATE_KEY, presence_transition
+from presence.fabric import Dedup, parse_transition, transition_message
 from relay import consumers, membership, tokens
 from relay.asgi import application
 from relay.exceptions import InvalidToken
@@ -276,3 +278,43 @@ async def test_group_send_many_falls_back_to_one_group_send_each_on_other_layers
             assert await layer.receive(channel) == {"type": "t", "group": group}
     finally:
         await layer.flush()
+
+
+# ── transitions that say how many copies exist ───────────────────────────────
+class _Watcher:
+    """Just what presence's event handler reads of a connection."""
+
+    def __init__(self, *channels: str) -> None:
+        self.channel_ids = set(channels)
+        self.state = {STATE_KEY: Dedup()}
+        self.frames: list[dict] = []
+
+    async def send_frame(self, frame_type: str, payload: dict) -> None:
+        self.frames.append({"type": frame_type, "payload": payload})
+
+
+async def test_a_single_copy_is_delivered_without_remembering_its_id():
+    fleet, general = str(uuid.uuid4()), str(uuid.uuid4())
+    watcher = _Watcher(fleet, general)
+    await presence_transition(watcher, transition_message("tuan", "online", str(uuid.uuid4()), fleet, copies=1))
+    assert watcher.frames == [{"type": "presence.changed", "payload": {"user": "tuan", "state": "online"}}]
+    assert len(watcher.state[STATE_KEY]) == 0
+
+
+async def test_several_copies_are_still_delivered_once():
+    fleet, general = str(uuid.uuid4()), str(uuid.uuid4())
+    watcher = _Watcher(fleet, general)
+    transition = str(uuid.uuid4())
+    for channel in (fleet, general):
+        await presence_transition(watcher, transition_message("tuan", "offline", transition, channel, copies=2))
+    assert watcher.frames == [{"type": "presence.changed", "payload": {"user": "tuan", "state": "offline"}}]
+    assert len(watcher.state[STATE_KEY]) == 1
+
+
+def test_a_copy_count_must_be_a_positive_integer():
+    channel = str(uuid.uuid4())
+    good = transition_message("linh", "online", str(uuid.uuid4()), channel, copies=3)
+    assert parse_transition(good).copies == 3
+    assert parse_transition(transition_message("linh", "online", str(uuid.uuid4()), channel)).copies is None
+    for bad in (0, -1, "2", 1.5, None):
+        assert parse_transition({**good, "copies": bad}) is None

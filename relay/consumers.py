@@ -96,7 +96,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await self.bus.start()
         since = self.bus.mark()
         try:
-            session = await open_session(self.query.get("token", [None])[0], registry.extensions)
+            # Popped: no hook needs the token after this, and an idle connection need not keep it.
+            session = await open_session(self.query.pop("token", [None])[0], registry.extensions)
         except InvalidToken:
             # Accepted then closed, so a browser client sees the 4401 (a refused
             # handshake is only ever a 1006 to JavaScript). Nothing else is sent.

@@ -613,12 +613,14 @@ def phase_layers(world: World, workdir: Path, sizes: Sizes, redis_url: str, watc
 
 
 # ── reporting ────────────────────────────────────────────────────────────────
-def versions() -> dict:
+def versions(redis_server_version: str) -> dict:
     import channels
     import channels_redis
     import daphne as daphne_module
     import django
+    import orjson
     import redis
+    import uvloop
 
     return {
         "python": platform.python_version(),
@@ -627,6 +629,9 @@ def versions() -> dict:
         "channels_redis": channels_redis.__version__,
         "daphne": daphne_module.__version__,
         "redis-py": redis.__version__,
+        "uvloop": uvloop.__version__,
+        "orjson": orjson.__version__,
+        "redis-server": redis_server_version,
     }
 
 
@@ -740,6 +745,7 @@ def main() -> int:
                 redis_client.flushall()
             return phase in phases
 
+        redis_version = redis_client.info("server")["redis_version"]
         if fresh("idle"):
             results.update(phase_idle(world, workdir, sizes))
         if fresh("notify"):
@@ -764,8 +770,13 @@ def main() -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
         "seconds": round(time.time() - started),
         "machine": machine(),
-        "versions": versions(),
-        "settings": {"sizes": sizes, "churn timings": CHURN_TIMINGS, "p99 limit ms": P99_LIMIT_MS},
+        "versions": versions(redis_version),
+        "settings": {
+            "sizes": sizes,
+            "servers": "python -m relay.serve (Daphne on uvloop, GC thresholds 50000/50/100), Relay and bare alike",
+            "churn timings": CHURN_TIMINGS,
+            "p99 limit ms": P99_LIMIT_MS,
+        },
     }
     write_results(args.out, results, context, steps, mode)
     say(f"done in {context['seconds']} s: {args.out / 'latest.json'} and latest.md")

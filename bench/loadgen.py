@@ -12,6 +12,8 @@ Scenarios:
 - `churn`: connect/disconnect pairs at a fixed rate across two instances, watchers
   on both; reports online-notification latency and presence frames delivered/s.
 - `ceiling`: watchers connect to a frame-pushing server; reports frames/s received.
+- `burst`: watchers connect to Relay; the orchestrator injects transitions into their channel's
+  group; reports frames/s received (the same burst as `ceiling`, through Relay).
 """
 
 import asyncio
@@ -62,6 +64,7 @@ class Watcher:
         self.ws: Any = None
         self.seen: dict[tuple[str, str], float] = {}
         self.frames = 0
+        self.last = 0.0
         self.acked = asyncio.Event()
         self.task: asyncio.Task | None = None
 
@@ -80,6 +83,7 @@ class Watcher:
                     self.acked.set()
                 elif kind == "presence.changed":
                     self.frames += 1
+                    self.last = now
                     payload = frame["payload"]
                     self.seen.setdefault((payload["user"], payload["state"]), now)
         except websockets.ConnectionClosed:
@@ -230,7 +234,41 @@ async def ceiling(job: dict) -> None:
     emit("result", frames=received, frames_per_s=round(received / elapsed, 1), seconds=round(elapsed, 3))
 
 
-SCENARIOS = {"idle": idle, "notify": notify, "churn": churn, "ceiling": ceiling}
+async def burst(job: dict) -> None:
+    """Watchers on a Relay instance; on "go" the orchestrator injects a burst into their channel's group.
+
+    Counts the `presence.changed` frames that arrive after "go" until every watcher has its
+    `frames` or the timeout passes: Relay's fan-out capacity, without connects in the way.
+    """
+    watchers = await _open_many(job["urls"], job.get("concurrency", 200))
+    # Their own and each other's `online` frames arrive while they connect; let them pass.
+    await asyncio.sleep(job.get("settle", 1.0))
+    before = sum(w.frames for w in watchers)
+    emit("ready", connections=len(watchers))
+    await _wait_line()
+    started = time.perf_counter()
+    expected = before + job["frames"] * len(watchers)
+    # Until every frame is in, or none came for a second (a layer that drops over capacity).
+    quiet = job.get("quiet", 1.0)
+    while sum(w.frames for w in watchers) < expected:
+        now = time.perf_counter()
+        last = max([w.last for w in watchers] + [started])
+        if now - last > quiet or now - started > job.get("timeout", 60):
+            break
+        await asyncio.sleep(0.002)
+    received = sum(w.frames for w in watchers) - before
+    elapsed = max(w.last for w in watchers) - started if received else 0.0
+    await asyncio.gather(*(w.close() for w in watchers), return_exceptions=True)
+    emit(
+        "result",
+        frames=received,
+        missing=expected - before - received,
+        frames_per_s=round(received / elapsed, 1) if elapsed > 0 else 0.0,
+        seconds=round(elapsed, 3),
+    )
+
+
+SCENARIOS = {"idle": idle, "notify": notify, "churn": churn, "ceiling": ceiling, "burst": burst}
 
 
 def main() -> None:

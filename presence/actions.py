@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from presence.fabric import State, group_name, transition_message
 from presence.store import PresenceStore, Timings, member, record_failure, split_member
 from relay import metrics
 from relay.exceptions import ConnectionRefused
+from relay.layers import group_send_many
 from relay.logging import log_event
 from relay.membership import channel_ids_of
 from relay.models import User
@@ -94,12 +95,14 @@ class PresenceService:
         self._invalid_seen: dict[int, float] = {}
 
     # ── connections ──────────────────────────────────────────────────────────
-    async def connect(self, conn: "GatewayConsumer") -> None:
+    async def connect(self, conn: "GatewayConsumer", watch: Sequence[str] = ()) -> list[str] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
-        Raises ConnectionRefused(4429) when the user already holds the maximum of connections
-        anywhere; nothing is changed then. With Redis unreachable the connection is admitted
-        (presence must not take sockets down with it) and the refresh announces it later.
+        Returns which of `watch` are online (read in the same round trip, after the election), or
+        None when Redis did not answer. Raises ConnectionRefused(4429) when the user already holds
+        the maximum of connections anywhere; nothing is changed then. With Redis unreachable the
+        connection is admitted (presence must not take sockets down with it) and the refresh
+        announces it later.
         """
         subject = (conn.environment_id, conn.user_id)
         # Registered before the await, so a close of another local connection racing this one
@@ -107,18 +110,18 @@ class PresenceService:
         held = self.held.setdefault(subject, Held())
         held.connections[conn.connection_id] = conn.channel_ids
         self._ensure_ticker()
-        result = await self.store.admit(conn.environment_id, conn.user_id, conn.connection_id)
-        if result is None:
-            return
-        admitted, won = result
-        if not admitted:
+        admission = await self.store.admission(conn.environment_id, conn.user_id, conn.connection_id, watch)
+        if admission is None:
+            return None
+        if not admission.admitted:
             self._forget(subject, conn.connection_id)
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.confirmed = True
-        if won:
+        if admission.won:
             await self.publish(conn.environment_id, conn.user_id, "online", conn.channel_ids)
         else:
             suppressed(conn.user_id, "online", ALREADY_ONLINE)
+        return admission.online
 
     async def disconnect(self, conn: "GatewayConsumer") -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
@@ -236,23 +239,24 @@ class PresenceService:
             return
         channels = sorted(channel_ids)
         transition_id = str(uuid.uuid4())
-        layer = get_channel_layer()
-        sent, errors = 0, []
-        for channel_id in channels:
-            try:
-                await layer.group_send(
-                    group_name(channel_id), transition_message(user_id, state, transition_id, channel_id)
-                )
-                sent += 1
-            except Exception as error:
-                errors.append(error)
-        if errors:
-            record_failure("publish", errors[0])
-            if not sent:
-                return
+        try:
+            # One pipelined round trip for all of the user's channels (relay.layers).
+            await group_send_many(
+                get_channel_layer(),
+                [
+                    (
+                        group_name(channel_id),
+                        transition_message(user_id, state, transition_id, channel_id, copies=len(channels)),
+                    )
+                    for channel_id in channels
+                ],
+            )
+        except Exception as error:
+            record_failure("publish", error)
+            return
         metrics.PRESENCE_PUBLISHED.labels(state=state).inc()
         # `channels` is a count: the list would be a membership graph in a log file.
-        log_event(logger, "presence.published", user=user_id, state=state, channels=sent)
+        log_event(logger, "presence.published", user=user_id, state=state, channels=len(channels))
 
     # ── the fabric ───────────────────────────────────────────────────────────
     def first_sight_of_invalid(self, message: dict) -> bool:

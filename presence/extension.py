@@ -11,10 +11,13 @@ from relay.logging import log_event
 
 if TYPE_CHECKING:
     from relay.consumers import GatewayConsumer
+    from relay.models import User
 
 logger = logging.getLogger("presence")
 
 STATE_KEY = "presence"
+# Who of the co-members was online at the election, read in its round trip; sent after the ack.
+SNAPSHOT_KEY = "presence.snapshot"
 
 
 class PresenceExtension(registry.Extension):
@@ -24,19 +27,31 @@ class PresenceExtension(registry.Extension):
     # and the snapshot directly follows the ack, ahead of a resume's backlog (contract section 3).
     order = 10
 
+    def load(self, user: "User", channel_ids: frozenset[str]) -> list[str]:
+        """The co-members (and the user) whose presence the snapshot reports, in the connect's database hop."""
+        return reads.co_member_ids(str(user.environment_id), user.external_id, channel_ids)
+
     async def admit(self, conn: "GatewayConsumer") -> None:
         conn.state[STATE_KEY] = Dedup()
         # Groups BEFORE the election: the subject hears its own `online`, and a watcher never
-        # misses a transition raced with its own connect (it is queued behind the snapshot).
+        # misses a transition raced with its own connect (it is queued behind the snapshot, whose
+        # read is in the election's round trip, after the join).
         await _join(conn, conn.channel_ids)
+        watch = conn.loaded.get(self)
         try:
-            await actions.service().connect(conn)
+            online = await actions.service().connect(conn, watch or ())
         except ConnectionRefused:
             await _leave(conn, conn.channel_ids)
             raise
+        if watch is not None:
+            conn.state[SNAPSHOT_KEY] = sorted(online or [])
 
     async def opened(self, conn: "GatewayConsumer") -> None:
-        await conn.send_frame("presence.snapshot", {"online": await reads.snapshot(conn)})
+        online = conn.state.pop(SNAPSHOT_KEY, None)
+        if online is None:
+            # The database hop could not read the co-members: read them (and their keys) now.
+            online = await reads.snapshot(conn)
+        await conn.send_frame("presence.snapshot", {"online": online})
 
     async def closed(self, conn: "GatewayConsumer") -> None:
         await _leave(conn, conn.channel_ids)
@@ -78,7 +93,7 @@ async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
     dedup = conn.state.get(STATE_KEY)
     if dedup is None:
         return
-    if not dedup.claim(transition.transition):
+    if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
     await conn.send_frame("presence.changed", {"user": transition.user, "state": transition.state})

@@ -2,14 +2,15 @@
 
 A transition is sent to the group of every channel of its subject, so a watcher sharing three
 channels with the subject receives three copies of one transition; the transition id, minted
-once, is what lets each connection deliver exactly one frame (seed 004, FR-012).
+once, is what lets each connection deliver exactly one frame (seed 004, FR-012). Each copy says
+how many there are, so the common single copy is delivered without remembering its id.
 """
 
+import sys
 import uuid
-from collections import OrderedDict
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from relay.frames import ChannelId, Identifier, StrictModel
 
@@ -42,11 +43,25 @@ class Transition(StrictModel):
     state: State
     transition: Annotated[str, AfterValidator(_uuid)]
     channel: ChannelId
+    # How many channels the transition was published to. With one there is no other copy to
+    # deduplicate, so a connection does not remember its id (each remembered id costs memory
+    # on every idle watcher). Absent: unknown, deduplicated as always.
+    copies: Annotated[int, Field(ge=1)] | None = None
+
+    @property
+    def single(self) -> bool:
+        """True when this is the only copy of the transition anywhere."""
+        return self.copies == 1
 
 
-def transition_message(user_id: str, state: State, transition_id: str, channel_id: str) -> dict:
-    """The group message for one channel's copy of a transition."""
-    return {"type": TRANSITION, "user": user_id, "state": state, "transition": transition_id, "channel": channel_id}
+def transition_message(
+    user_id: str, state: State, transition_id: str, channel_id: str, copies: int | None = None
+) -> dict:
+    """The group message for one channel's copy of a transition (`copies`: of how many)."""
+    message = {"type": TRANSITION, "user": user_id, "state": state, "transition": transition_id, "channel": channel_id}
+    if copies is not None:
+        message["copies"] = copies
+    return message
 
 
 def parse_transition(message: dict) -> Transition | None:
@@ -73,15 +88,18 @@ class Dedup:
 
     def __init__(self, size: int = DEDUP_WINDOW) -> None:
         self.size = size
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        # A plain dict keeps insertion order too, without OrderedDict's linked list per entry.
+        self._seen: dict[str, None] = {}
 
     def claim(self, transition_id: str) -> bool:
         """True the first time an id is seen, False for every later copy."""
         if transition_id in self._seen:
             return False
-        self._seen[transition_id] = None
+        # Interned: every local watcher of a transition parsed its own copy of the id, and a full
+        # window would keep 256 of them per connection (~20 KB); interned, they share one string.
+        self._seen[sys.intern(transition_id)] = None
         if len(self._seen) > self.size:
-            self._seen.popitem(last=False)
+            del self._seen[next(iter(self._seen))]
         return True
 
     def __len__(self) -> int:

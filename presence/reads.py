@@ -4,38 +4,37 @@ All answered from the presence keys (one MGET each) and never from a table: pres
 ephemeral, and the keys are the only place it lives.
 """
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from channels.db import database_sync_to_async
 
 from presence import actions
 from presence.store import online_flags
+from relay.connect_reads import co_member_external_ids
 from relay.models import Channel, User
 
 if TYPE_CHECKING:
     from relay.consumers import GatewayConsumer
 
 
-@database_sync_to_async
-def co_members(environment_id: str, user_id: str, channel_ids: set[str]) -> list[str]:
+def co_member_ids(environment_id: str, user_id: str, channel_ids: Collection[str]) -> list[str]:
     """The ids of the environment's users sharing at least one of `channel_ids`, and the user."""
-    found = set(
-        User.objects.filter(environment_id=environment_id, memberships__channel_id__in=list(channel_ids))
-        .values_list("external_id", flat=True)
-        .distinct()
-    )
-    found.add(user_id)
-    return sorted(found)
+    return sorted(co_member_external_ids(environment_id, channel_ids) | {user_id})
+
+
+co_members = database_sync_to_async(co_member_ids)
 
 
 async def snapshot(conn: "GatewayConsumer") -> list[str]:
     """Who among the connection's co-members (and the user) is online now, sorted.
 
-    Sent after `connection.ack`. The connection joined its presence groups in `admit`, before
-    this read, so a transition racing the snapshot is queued behind it and applied after it:
-    snapshot + changes converge. With the presence Redis down the snapshot is empty (and the
-    failure logged): the socket still opens, and the next transitions fill it in.
+    The fallback for a connection whose co-members the connect's database hop could not read
+    (normally the election's own round trip reads them: presence/extension.py). The connection
+    joined its presence groups in `admit`, before this read, so a transition racing the snapshot
+    is queued behind it and applied after it: snapshot + changes converge. With the presence
+    Redis down the snapshot is empty (and the failure logged): the socket still opens, and the
+    next transitions fill it in.
     """
     candidates = await co_members(conn.environment_id, conn.user_id, set(conn.channel_ids))
     online = await actions.service().store.online(conn.environment_id, candidates)

@@ -78,8 +78,9 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
 
-# KEYS: conns, key, marker, deadlines. ARGV: connection id, ttl, grace, max, member.
-# The limit and the election in one round trip. Returns {admitted, won}.
+# KEYS: conns, key, marker, deadlines. ARGV: connection id, ttl, grace, max, member, environment id,
+# then the user ids whose presence the connection's snapshot needs. The limit, the election and
+# the snapshot's read in one round trip. Returns {admitted, won, online user id, ...}.
 ADMIT = (
     _NOW
     + """
@@ -101,7 +102,14 @@ else
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
 redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
-return {1, won}
+local reply = {1, won}
+local prefix = 'presence:' .. ARGV[6] .. ':'
+for i = 7, #ARGV do
+  if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
+    table.insert(reply, ARGV[i])
+  end
+end
+return reply
 """
 )
 
@@ -218,6 +226,15 @@ def record_failure(op: str, error: BaseException) -> None:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """The outcome of one connection's admit: let in, won the election, who of those asked is online."""
+
+    admitted: bool
+    won: bool
+    online: list[str]
+
+
+@dataclass(frozen=True)
 class Timings:
     """The presence timings in milliseconds, read from settings once per store."""
 
@@ -289,6 +306,16 @@ class PresenceStore:
 
     async def admit(self, environment_id: str, user_id: str, connection_id: str) -> tuple[bool, bool] | None:
         """Check the connection limit and run the election: (admitted, won), or None on failure."""
+        admission = await self.admission(environment_id, user_id, connection_id)
+        return None if admission is None else (admission.admitted, admission.won)
+
+    async def admission(
+        self, environment_id: str, user_id: str, connection_id: str, watch: Sequence[str] = ()
+    ) -> "Admission | None":
+        """The limit, the election and which of `watch` are online, in one round trip; None on failure.
+
+        `online` is read after this connection's own election, so it includes the user when admitted.
+        """
         t = self.timings
         keys = [
             connections_key(environment_id, user_id),
@@ -296,9 +323,11 @@ class PresenceStore:
             marker_key(environment_id, user_id),
             DEADLINES,
         ]
-        args = [connection_id, t.ttl, t.grace, t.max_connections, member(environment_id, user_id)]
-        reply = await self.call("admit", lambda: self._admit(keys=keys, args=args))
-        return None if reply is None else (bool(reply[0]), bool(reply[1]))
+        args = [connection_id, t.ttl, t.grace, t.max_connections, member(environment_id, user_id), environment_id]
+        reply = await self.call("admit", lambda: self._admit(keys=keys, args=[*args, *watch]))
+        if reply is None:
+            return None
+        return Admission(admitted=bool(reply[0]), won=bool(reply[1]), online=[_text(uid) for uid in reply[2:]])
 
     async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> bool:
         """Free the connection's slot and, on the last local close, re-pin the key to the grace."""

@@ -102,7 +102,7 @@ def main() -> int:
         summary = setup_demo()
         base_url = f"http://{HOST}:{PORT}/"
         daphne = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", HOST, "-p", PORT, "relay.asgi:application"], env=os.environ
+            [sys.executable, "-m", "relay.serve", "-b", HOST, "-p", PORT, "relay.asgi:application"], env=os.environ
         )
         # Ctrl-C reaches the whole process group; this process waits for Daphne to
         # finish its own shutdown instead of dying first and orphaning it.

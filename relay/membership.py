@@ -1,29 +1,169 @@
 """Channel membership, and telling a user's live connections when it changes.
 
-Every connection joins its user's own group, so a membership change made through
-the API on any instance reaches that user's connections on every instance at once.
+A change made through the API on any instance is sent once to the `membership` group, which
+each PROCESS joins once (the `MembershipBus` of its event loop); the bus hands it to the local
+connections of that user. A per-user group would cost every connection a SUBSCRIBE and an
+UNSUBSCRIBE, and would have to be joined before the user's channels are read, which needs the
+user, which needs its own database hop; the bus is joined once, and its short memory of recent
+changes (`mark` / `listen`) closes the gap between a connection's read and its registration.
 """
 
+import asyncio
 import logging
+import weakref
+from collections import deque
+from collections.abc import Coroutine
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 
+from relay.connect_reads import channel_ids_of_user
 from relay.logging import log_event
 from relay.models import Channel, Membership, User
 
 logger = logging.getLogger(__name__)
 
+MEMBERSHIP_GROUP = "membership"
+EVENT = "membership.changed"
+# Changes remembered for connections still between their read and their registration: a
+# connect's database hop takes milliseconds, and a process sees far fewer changes than this
+# in that time. A connection that falls further behind re-reads its channels (`listen`).
+RECENT_CHANGES = 4096
+# channels-redis's core layer forgets a group member after a day (its group_expiry); the bus
+# joins again well before that. (The pub/sub layer keeps a subscription for the process's life.)
+REJOIN_SECONDS = 3600
 
-def user_group(user_pk: int) -> str:
-    """The channel-layer group of one user's connections (pk: unique across tenants)."""
-    return f"user.{user_pk}"
+
+class MembershipBus:
+    """This event loop's one subscriber to membership changes, and its local connections by user.
+
+    On Relay's pub/sub layer (relay.layers) a change is handed to the user's local channels as it
+    is read off Redis, in order with every other message: a message published after a removal
+    reaches the connection after the removal, which then drops it. On another layer the bus reads
+    the group on a channel of its own and forwards each change with `send()`: one hop later than
+    a message published after it, so a removed connection may still see that one message.
+    """
+
+    def __init__(self) -> None:
+        self.layer = get_channel_layer()
+        self.listeners: dict[int, set[str]] = {}
+        self.recent: deque[tuple[int, int, dict]] = deque(maxlen=RECENT_CHANGES)
+        self.seq = 0
+        self._joined: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Join the membership group once for this loop; later calls return at once."""
+        joined = self._joined
+        if joined is None or (joined.done() and (joined.cancelled() or joined.exception() is not None)):
+            joined = self._joined = asyncio.ensure_future(self._join())
+        # Shielded: one connect cancelled midway must not cancel the join every connect waits for.
+        await asyncio.shield(joined)
+
+    async def _join(self) -> None:
+        route = getattr(self.layer, "route_group", None)
+        if route is not None:
+            await route(MEMBERSHIP_GROUP, self.received)
+            return
+        # The layer's default prefix: channels-redis's core layer reads all of a process's
+        # channels of one prefix through one receiver; a second prefix would starve the first.
+        channel = await self.layer.new_channel()
+        await self.layer.group_add(MEMBERSHIP_GROUP, channel)
+        for work in (self._listen(channel), self._rejoin(channel)):
+            self._spawn(work)
+
+    async def _listen(self, channel: str) -> None:
+        while True:
+            try:
+                self.received(await self.layer.receive(channel))
+            except Exception as error:
+                # One bad read must not end membership updates for the whole process.
+                log_event(logger, "membership.receive_failed", logging.ERROR, error=type(error).__name__)
+                await asyncio.sleep(1)
+
+    async def _rejoin(self, channel: str) -> None:
+        while True:
+            await asyncio.sleep(REJOIN_SECONDS)
+            try:
+                await self.layer.group_add(MEMBERSHIP_GROUP, channel)
+            except Exception as error:
+                log_event(logger, "membership.rejoin_failed", logging.ERROR, error=type(error).__name__)
+
+    def received(self, message: dict) -> None:
+        """One change from the group: remember it and hand it to the user's local connections."""
+        try:
+            user_pk = int(message["user"])
+        except (KeyError, TypeError, ValueError):
+            log_event(logger, "membership.invalid_event", logging.ERROR)
+            return
+        self.seq += 1
+        self.recent.append((self.seq, user_pk, message))
+        for channel_name in self.listeners.get(user_pk, ()):
+            self._hand(channel_name, message)
+
+    def _hand(self, channel_name: str, message: dict) -> None:
+        send_local = getattr(self.layer, "send_local", None)
+        if send_local is None or not send_local(channel_name, message):
+            self._spawn(self._send(channel_name, message))
+
+    async def _send(self, channel_name: str, message: dict) -> None:
+        # One connection's failure (a full or closed channel) must not stop the others' changes.
+        try:
+            await self.layer.send(channel_name, message)
+        except Exception as error:
+            log_event(logger, "membership.deliver_failed", logging.ERROR, error=type(error).__name__)
+
+    def _spawn(self, work: Coroutine) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def mark(self) -> int:
+        """Where the bus is now: pass it to `listen` after reading the user's channels."""
+        return self.seq
+
+    def listen(self, user_pk: int, channel_name: str, since: int) -> bool:
+        """Hand `user_pk`'s changes to `channel_name` from now on, and those since `since`.
+
+        Changes that arrived between `since` (taken before the channels were read) and now are
+        replayed, first and in order (nothing here awaits, so no change can slip in between):
+        each is idempotent against a read that already saw it. False when some of that interval
+        is no longer remembered: the caller must read the channels again.
+        """
+        self.listeners.setdefault(user_pk, set()).add(channel_name)
+        # The remembered changes are numbered without a gap, so the interval is all there when
+        # the oldest one remembered is no later than the first one after `since`.
+        complete = not self.recent or self.recent[0][0] <= since + 1
+        for seq, pk, message in self.recent:
+            if seq > since and pk == user_pk:
+                self._hand(channel_name, message)
+        return complete
+
+    def forget(self, user_pk: int, channel_name: str) -> None:
+        """Stop handing `user_pk`'s changes to `channel_name`."""
+        names = self.listeners.get(user_pk)
+        if names is not None:
+            names.discard(channel_name)
+            if not names:
+                del self.listeners[user_pk]
+
+
+_buses: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MembershipBus]" = weakref.WeakKeyDictionary()
+
+
+def bus() -> MembershipBus:
+    """The membership bus of the running event loop (Daphne runs one; each in-process test its own)."""
+    loop = asyncio.get_running_loop()
+    found = _buses.get(loop)
+    if found is None:
+        found = _buses[loop] = MembershipBus()
+    return found
 
 
 def channel_ids_of(user: User) -> set[str]:
-    """Return the ids of the channels `user` belongs to."""
-    return {str(pk) for pk in Membership.objects.filter(user=user).values_list("channel_id", flat=True)}
+    """Return the ids of the channels `user` belongs to (plain SQL: it runs on every connect)."""
+    return channel_ids_of_user(user.pk)
 
 
 def add_member(channel: Channel, user: User) -> bool:
@@ -51,7 +191,7 @@ def _notify(user: User, channel: Channel, *, member: bool) -> None:
     # the live connections to pick it up on their next connect.
     try:
         async_to_sync(get_channel_layer().group_send)(
-            user_group(user.pk), {"type": "membership.changed", "channel": str(channel.id), "member": member}
+            MEMBERSHIP_GROUP, {"type": EVENT, "user": user.pk, "channel": str(channel.id), "member": member}
         )
     except Exception as error:
         log_event(logger, "membership.notify_failed", logging.ERROR, error=type(error).__name__)

@@ -47,9 +47,12 @@ class Environment(models.Model):
 
     def rotate_signing_secret(self) -> None:
         """Replace the signing secret; tokens signed with the old one stop working."""
+        from relay.tokens import forget_secret  # tokens reads this model: imported here, not at the top
+
         self.signing_secret = new_signing_secret()
         self.secret_rotated_at = timezone.now()
         self.save(update_fields=["signing_secret", "secret_rotated_at"])
+        forget_secret(self.id)
 
 
 class ApiKeyQuerySet(models.QuerySet):

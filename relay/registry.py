@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from relay.consumers import GatewayConsumer
+    from relay.models import User
 
 FrameHandler = Callable[["GatewayConsumer", Any], Awaitable[None]]
 EventHandler = Callable[["GatewayConsumer", dict], Awaitable[None]]
@@ -37,12 +38,21 @@ class Extension:
     """Hooks an app adds to every connection; override the ones you need.
 
     `admit` runs before the socket is accepted and may refuse it by raising
-    `relay.exceptions.ConnectionRefused`; nothing is sent to the client before
-    `connection.ack`, and channel-layer events wait until `opened` hooks are done.
+    `relay.exceptions.ConnectionRefused`; `load` runs before it, in the database hop that
+    authenticates the connection (one thread hop per connect, whatever the apps need). Nothing
+    is sent to the client before `connection.ack`, and channel-layer events wait until `opened` hooks are done.
     Extensions run in ascending `order`; `closed` runs in reverse.
     """
 
     order: int = 100
+
+    def load(self, user: "User", channel_ids: frozenset[str]) -> Any:
+        """Before admit, SYNC, inside the connect's one database hop: read what the hooks need.
+
+        The result is `conn.loaded[self]` during `admit` and `opened` (dropped after, so an idle
+        connection does not keep it). Left alone, the extension costs the hop nothing.
+        An exception is logged and leaves `conn.loaded` without this extension's entry.
+        """
 
     async def admit(self, conn: "GatewayConsumer") -> None:
         """Before accept: check limits, join groups. Raise ConnectionRefused to refuse."""

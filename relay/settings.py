@@ -100,8 +100,9 @@ RELAY_PRESENCE_REDIS_URL = check_redis_url(
 
 CHANNEL_LAYER_BACKENDS = {
     # One PUBLISH per group_send and one subscription per group per process: each
-    # instance fans out to its local sockets, the shape of seed 004's fabric.
-    "pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+    # instance fans out to its local sockets, the shape of seed 004's fabric. Relay's
+    # subclass adds one inbox per process and pipelined group sends (relay/layers.py).
+    "pubsub": "relay.layers.RelayPubSubChannelLayer",
     # Kept selectable so the benchmark can compare the two in one run.
     "core": "channels_redis.core.RedisChannelLayer",
 }

@@ -5,11 +5,14 @@ itself (claims `env`, `sub`, `iat`, `exp`) and a token can never open a session 
 another tenant: its signature only verifies against the secret of the `env` it names.
 """
 
+import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import jwt
 
+from relay.connect_reads import user_by_external_id
 from relay.exceptions import InvalidToken
 from relay.models import Environment, User
 
@@ -17,6 +20,36 @@ ALGORITHM = "HS256"
 DEFAULT_TTL_SECONDS = 3600
 MAX_TTL_SECONDS = 24 * 3600
 _REQUIRED_CLAIMS = ["env", "sub", "iat", "exp"]
+# How long a process trusts the signing secret it read for an environment. A rotation in this
+# process forgets it at once; another process keeps accepting tokens signed with the OLD secret
+# for up to this long (a token signed with the NEW one is never refused: a signature that fails
+# against a cached secret is checked once more against the database's).
+SECRET_CACHE_SECONDS = 10.0
+
+_environments: dict[uuid.UUID, tuple[float, Environment]] = {}
+_environments_lock = threading.Lock()
+
+
+def _environment(environment_id: uuid.UUID, *, fresh: bool = False) -> Environment | None:
+    """The environment (with its signing secret), from this process's cache unless `fresh`; None when unknown."""
+    now = time.monotonic()
+    cached = _environments.get(environment_id)
+    if cached is not None and not fresh and cached[0] > now:
+        return cached[1]
+    environment = Environment.objects.filter(id=environment_id).first()
+    with _environments_lock:
+        if environment is None:
+            # Unknown ids are not remembered: forged ones would grow the cache without bound.
+            _environments.pop(environment_id, None)
+        else:
+            _environments[environment_id] = (now + SECRET_CACHE_SECONDS, environment)
+    return environment
+
+
+def forget_secret(environment_id: uuid.UUID) -> None:
+    """Drop this process's cached environment (its secret was rotated)."""
+    with _environments_lock:
+        _environments.pop(environment_id, None)
 
 
 def mint_token(
@@ -40,19 +73,32 @@ def verify_token(token: str | None) -> User:
         environment_id = uuid.UUID(str(unverified.get("env")))
     except (jwt.InvalidTokenError, ValueError) as error:
         raise InvalidToken("malformed token") from error
-    environment = Environment.objects.filter(id=environment_id).first()
+    environment = _environment(environment_id)
     if environment is None:
         raise InvalidToken("unknown environment")
     try:
-        claims = jwt.decode(
-            token, environment.signing_secret, algorithms=[ALGORITHM], options={"require": _REQUIRED_CLAIMS}
-        )
+        claims = _verified_claims(token, environment.signing_secret)
+    except jwt.InvalidSignatureError:
+        # Perhaps signed with a secret rotated in another process since this one cached its own.
+        environment = _environment(environment_id, fresh=True)
+        if environment is None:
+            raise InvalidToken("unknown environment") from None
+        try:
+            claims = _verified_claims(token, environment.signing_secret)
+        except jwt.InvalidTokenError as error:
+            raise InvalidToken(type(error).__name__) from error
     except jwt.InvalidTokenError as error:
         raise InvalidToken(type(error).__name__) from error
     subject = claims["sub"]
     if not isinstance(subject, str):
         raise InvalidToken("malformed subject")
-    user = User.objects.select_related("environment").filter(environment=environment, external_id=subject).first()
+    user = user_by_external_id(environment_id, subject)
     if user is None:
         raise InvalidToken("unknown user")
+    # The cached environment, as select_related would have loaded it: no query if code reads it.
+    user.environment = environment
     return user
+
+
+def _verified_claims(token: str, secret: str) -> dict:
+    return jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": _REQUIRED_CLAIMS})

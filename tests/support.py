@@ -69,7 +69,7 @@ class Instance:
         """Start Daphne and wait until /healthz answers."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "relay.asgi:application"],
+            [sys.executable, "-m", "relay.serve", "-b", "127.0.0.1", "-p", str(self.port), "relay.asgi:application"],
             cwd=BASE_DIR,
             env=self.env,
             stdout=log,

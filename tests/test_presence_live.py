@@ -492,7 +492,8 @@ async def test_with_the_presence_redis_unreachable_sockets_open_and_failures_are
     await asyncio.sleep(3 * REFRESH / 1000)
     await close_all(linh, tuan)
     failed = await logged(broken, "presence.failed", op="release")
-    assert {line["op"] for line in broken.events("presence.failed")} >= {"admit", "snapshot", "refresh", "release"}
+    # The snapshot's read rides in the election's round trip, so it fails (and is logged) as "admit".
+    assert {line["op"] for line in broken.events("presence.failed")} >= {"admit", "refresh", "release"}
     assert all(line["level"] == "error" and isinstance(line["error"], str) for line in failed)
     log = broken.log_path.read_text()
     assert "Traceback" not in log

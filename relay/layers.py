@@ -1,0 +1,239 @@
+"""Relay's channel layer: channels-redis's pub/sub layer, minus two per-connection costs.
+
+`RelayPubSubChannelLayer` is `RedisPubSubChannelLayer` (same settings, same groups, same wire
+format) with two changes, both measured in docs/performance.md:
+
+- One Redis subscription per PROCESS for consumers' own channels, not one per consumer. A
+  consumer's channel is named `<prefix>specific.<process>!<id>`; the process subscribes once to
+  its inbox `<prefix>specific.<process>!`, and `send()` to a channel of this process is put on
+  its queue without touching Redis. A send from another process is published to the inbox with
+  the target's name inside and routed here, so `send()` keeps working across processes.
+  (channels-redis's core layer names its channels the same way, for the same reason.)
+- `route_group()` / `send_local()`: a process-wide handler for one group, called as its
+  messages are read, which hands copies to local channels in order (relay.membership's bus).
+- `group_send_many()`: several group messages in ONE pipelined round trip (a presence transition
+  goes to every channel of its user). Publishes also no longer queue behind each other on the
+  shard's lock, which only guards subscription changes.
+
+`group_send_many(layer, sends)` works with any layer: it falls back to one `group_send` each.
+"""
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+
+from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer, RedisSingleShardConnection
+from channels_redis.utils import _wrap_close
+
+# Where a cross-process send carries its target's full name inside the published message.
+TARGET_KEY = "__relay_channel__"
+# How long a new subscription waits for Redis to confirm it (a round trip: well under 1 ms here).
+CONFIRM_SECONDS = 1.0
+
+logger = logging.getLogger(__name__)
+
+
+async def group_send_many(layer: object, sends: Sequence[tuple[str, dict]]) -> None:
+    """Send each (group, message); in one round trip per Redis host when the layer supports it.
+
+    Otherwise one `group_send` each, every one tried, and the first failure raised after them.
+    """
+    batch = getattr(layer, "group_send_many", None)
+    if batch is not None:
+        await batch(sends)
+        return
+    errors = []
+    for group, message in sends:
+        try:
+            await layer.group_send(group, message)
+        except Exception as error:
+            errors.append(error)
+    if errors:
+        raise errors[0]
+
+
+class _Shard(RedisSingleShardConnection):
+    """A shard connection that routes the process inbox, confirms subscriptions, publishes lock-free."""
+
+    def __init__(self, host: dict, channel_layer: "RelayPubSubLoopLayer") -> None:
+        super().__init__(host, channel_layer)
+        self._confirming: dict[str, asyncio.Future] = {}
+        # Wakes the receiver as soon as there is a first subscription to read.
+        self._subscribed = asyncio.Event()
+
+    async def subscribe(self, channel: str) -> None:
+        """Subscribe, and return once Redis has CONFIRMED it (channels-redis returns on sending).
+
+        A group message published after `group_add` returned (say, right after the client's ack)
+        must reach the new member; on its own pool connection that PUBLISH can overtake a
+        SUBSCRIBE still in flight on the pub/sub connection.
+        """
+        async with self._lock:
+            confirmed = self._confirming.get(channel)
+            if confirmed is None and channel not in self._subscribed_to:
+                self._ensure_redis()
+                self._ensure_receiver()
+                confirmed = self._confirming[channel] = asyncio.get_running_loop().create_future()
+                await self._pubsub.subscribe(channel)
+                self._subscribed_to.add(channel)
+                self._subscribed.set()
+        if confirmed is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(confirmed), CONFIRM_SECONDS)
+            except TimeoutError:
+                # Sent and remembered: redis-py subscribes again on a reconnect. Waiting longer
+                # would only stall connects while Redis is away.
+                pass
+            finally:
+                if self._confirming.get(channel) is confirmed and confirmed.done():
+                    del self._confirming[channel]
+
+    async def _do_receiving(self) -> None:
+        # channels-redis's loop, but reading subscribe confirmations instead of discarding them.
+        while True:
+            try:
+                if self._pubsub and self._pubsub.subscribed:
+                    message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=0.1)
+                    if message is not None and message["type"] == "subscribe":
+                        self._confirm(message["channel"])
+                    elif message is not None and message["type"] in ("message", "pmessage"):
+                        self._receive_message(message)
+                else:
+                    # Not channels-redis's fixed 0.1 s nap: a first subscription's confirmation
+                    # would wait for it, and with it the connect that subscribed.
+                    self._subscribed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._subscribed.wait(), 0.1)
+            except (asyncio.CancelledError, TimeoutError, GeneratorExit):
+                raise
+            except Exception:
+                logger.exception("Unexpected exception in receive task")
+                await asyncio.sleep(1)
+
+    def _confirm(self, channel: bytes | str) -> None:
+        name = channel.decode() if isinstance(channel, bytes) else channel
+        confirmed = self._confirming.pop(name, None)
+        if confirmed is not None and not confirmed.done():
+            confirmed.set_result(None)
+
+    async def publish(self, channel: str, message: bytes) -> None:
+        # The lock serialises (un)subscribes on the one pub/sub connection; a PUBLISH goes over
+        # the pool, and holding the lock made every publish of the process wait for the one before.
+        self._ensure_redis()
+        await self._redis.publish(channel, message)
+
+    async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
+        """PUBLISH each (channel, payload) in one pipelined round trip."""
+        self._ensure_redis()
+        pipe = self._redis.pipeline(transaction=False)
+        for channel, payload in messages:
+            pipe.publish(channel, payload)
+        await pipe.execute()
+
+    def _receive_message(self, message: dict | None) -> None:
+        if message is not None:
+            name = message["channel"]
+            if isinstance(name, bytes):
+                name = name.decode()
+            if name == self.channel_layer.inbox:
+                self.channel_layer.deliver_from_inbox(message["data"])
+                return
+            route = self.channel_layer.routes.get(name)
+            if route is not None:
+                route(self.channel_layer.channel_layer.deserialize(message["data"]))
+                return
+        super()._receive_message(message)
+
+
+class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
+    """The per-event-loop half of `RelayPubSubChannelLayer`."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._shards = [_Shard(shard.host, self) for shard in self._shards]
+        self.inbox = f"{self.prefix}specific.{uuid.uuid4().hex}!"
+        self._inbox_ready: asyncio.Task | None = None
+        self.routes: dict[str, Callable[[dict], None]] = {}
+
+    async def new_channel(self, prefix: str = "specific.") -> str:
+        """A channel of this process: a local queue, behind the inbox subscribed once per process."""
+        ready = self._inbox_ready
+        if ready is None or (ready.done() and (ready.cancelled() or ready.exception() is not None)):
+            # First use, or the last attempt failed (Redis down): the next connect tries again.
+            ready = self._inbox_ready = asyncio.ensure_future(self._get_shard(self.inbox).subscribe(self.inbox))
+        # Shielded: one consumer's cancelled connect must not cancel the subscription all share.
+        await asyncio.shield(ready)
+        channel = f"{self.inbox}{uuid.uuid4().hex}"
+        self.channels[channel] = asyncio.Queue()
+        return channel
+
+    async def send(self, channel: str, message: dict) -> None:
+        """Send to one channel: straight onto its queue when it lives here, else through Redis."""
+        if self.send_local(channel, message):
+            return
+        inbox, bang, _ = channel.partition("!")
+        if not bang:
+            await super().send(channel, message)
+            return
+        inbox += bang
+        await self._get_shard(inbox).publish(inbox, self.channel_layer.serialize({**message, TARGET_KEY: channel}))
+
+    async def route_group(self, group: str, callback: Callable[[dict], None]) -> None:
+        """Hand every message of `group` to `callback`, in this process, as it is read off Redis.
+
+        Synchronously, in arrival order with every other message the process receives: a
+        callback that puts copies on local channels (`send_local`) keeps them in the order
+        they were published relative to the group messages around them.
+        """
+        name = self._get_group_channel_name(group)
+        self.routes[name] = callback
+        await self._get_shard(name).subscribe(name)
+
+    def send_local(self, channel: str, message: dict) -> bool:
+        """Put a message on a channel of this process now; False when no such channel lives here."""
+        queue = self.channels.get(channel)
+        if queue is None:
+            return False
+        queue.put_nowait(self.channel_layer.serialize(message))
+        return True
+
+    def deliver_from_inbox(self, data: bytes) -> None:
+        """A message another process sent to one of this process's channels: queue it for its consumer."""
+        message = self.channel_layer.deserialize(data)
+        queue = self.channels.get(message.pop(TARGET_KEY, None))
+        # A consumer that has gone is like an unsubscribed channel: the message is dropped.
+        if queue is not None:
+            queue.put_nowait(self.channel_layer.serialize(message))
+
+    async def group_send_many(self, sends: Sequence[tuple[str, dict]]) -> None:
+        """Send each (group, message) in one pipelined round trip per shard."""
+        by_shard: dict[int, list[tuple[str, bytes]]] = {}
+        for group, message in sends:
+            name = self._get_group_channel_name(group)
+            shard = self._get_shard(name)
+            by_shard.setdefault(id(shard), []).append((name, self.channel_layer.serialize(message)))
+        shards = {id(shard): shard for shard in self._shards}
+        await asyncio.gather(*(shards[key].publish_many(batch) for key, batch in by_shard.items()))
+
+    async def flush(self) -> None:
+        """Forget everything, the inbox subscription included."""
+        await super().flush()
+        self._inbox_ready = None
+        self.routes = {}
+
+
+class RelayPubSubChannelLayer(RedisPubSubChannelLayer):
+    """`RedisPubSubChannelLayer` with one inbox subscription per process and pipelined group sends."""
+
+    # `group_send_many`, `route_group` and `send_local` reach the loop layer through the parent's
+    # `__getattr__`, which hands every name it does not proxy to the running loop's layer.
+
+    def _get_layer(self) -> RelayPubSubLoopLayer:
+        loop = asyncio.get_running_loop()
+        layer = self._layers.get(loop)
+        if layer is None:
+            layer = self._layers[loop] = RelayPubSubLoopLayer(*self._args, **self._kwargs, channel_layer=self)
+            _wrap_close(self, loop)
+        return layer

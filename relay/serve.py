@@ -1,0 +1,47 @@
+"""`python -m relay.serve [daphne options] relay.asgi:application`: Daphne on uvloop, tuned.
+
+Daphne runs Twisted on an asyncio loop it creates at import time with
+`asyncio.new_event_loop()`; installing uvloop's policy first makes that loop a uvloop
+one, and every coroutine of the application (the consumer, the channel layer, presence)
+runs on it. It also raises the garbage collector's thresholds and skips a debug-only cost of
+autobahn's. The options are Daphne's own. See docs/performance.md for what each buys.
+"""
+
+import asyncio
+import gc
+import sys
+
+import uvloop
+
+# Python's defaults (700, 10, 10) collect the young generation every 700 net allocations and
+# consider a full collection, which walks every object of every held connection, every 100 young
+# ones. On the benchmark those passes were notify's p99 (78-104 ms -> 26-27 ms with these) and
+# ~10 % of a connect's CPU. Nothing in Relay relies on prompt collection of cycles; reference
+# counting still frees everything else at once.
+GC_THRESHOLDS = (50_000, 50, 100)
+
+
+def _quiet_autobahn_debug() -> None:
+    # autobahn pretty-prints every connection's ~40 settings for a DEBUG line it builds eagerly,
+    # logged or not: 4 % of the event loop's time during a connect burst (docs/performance.md).
+    # The line stays, with the settings replaced by a note.
+    import autobahn.websocket.protocol
+
+    autobahn.websocket.protocol.pformat = lambda _settings: "(settings not formatted: relay.serve)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Install uvloop's event loop policy, then hand the command line to Daphne."""
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    # Imported only now: daphne.server builds its loop (and installs Twisted's reactor) when it is
+    # first imported, which must happen before autobahn is imported.
+    from daphne.cli import CommandLineInterface
+
+    _quiet_autobahn_debug()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+    CommandLineInterface().run(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

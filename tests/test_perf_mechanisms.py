@@ -1,0 +1,320 @@
+"""The mechanisms issue 6's optimisations added: secret cache, membership bus, Relay's layer, copy counts.
+
+Each is checked for what it must keep true (a rotated secret, a membership change raced with
+a connect, a message to a consumer of another process), against the real Redis.
+"""
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import jwt
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from presence.extension import STATE_KEY, presence_transition
+from presence.fabric import Dedup, parse_transition, transition_message
+from relay import consumers, membership, tokens
+from relay.asgi import application
+from relay.exceptions import InvalidToken
+from relay.layers import RelayPubSubChannelLayer, group_send_many
+from relay.models import Environment
+from relay.tokens import verify_token
+
+# ── the signing-secret cache ─────────────────────────────────────────────────
+ELSEWHERE = "a-secret-another-process-rotated-to-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _empty_secret_cache() -> None:
+    tokens._environments.clear()
+
+
+def _signed(environment: Environment, secret: str, user_id: str) -> str:
+    now = datetime.now(UTC)
+    claims = {"env": str(environment.id), "sub": user_id, "iat": now, "exp": now + timedelta(minutes=5)}
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def _environment_reads(queries: CaptureQueriesContext) -> int:
+    return sum('FROM "relay_environment"' in query["sql"] for query in queries.captured_queries)
+
+
+def test_the_secret_is_read_once_then_served_from_the_cache(acme):
+    with CaptureQueriesContext(connection) as first:
+        assert verify_token(acme.token("linh")).external_id == "linh"
+    with CaptureQueriesContext(connection) as second:
+        assert verify_token(acme.token("tuan")).external_id == "tuan"
+    assert _environment_reads(first) == 1
+    assert _environment_reads(second) == 0
+
+
+def test_a_rotation_in_this_process_refuses_the_old_secret_at_once(acme):
+    before = acme.token("linh")
+    assert verify_token(before).external_id == "linh"  # cached now
+    acme.environment.rotate_signing_secret()
+    with pytest.raises(InvalidToken):
+        verify_token(before)
+    assert verify_token(acme.token("linh")).external_id == "linh"
+
+
+def test_a_secret_rotated_by_another_process_is_accepted_at_once(acme):
+    old = acme.environment.signing_secret
+    assert verify_token(_signed(acme.environment, old, "linh")).external_id == "linh"  # cached now
+    # Another process rotates: the row changes, this process's cache is not told.
+    Environment.objects.filter(id=acme.environment.id).update(signing_secret=ELSEWHERE)
+    assert verify_token(_signed(acme.environment, ELSEWHERE, "linh")).external_id == "linh"
+    # The fresh read replaced the cached secret, so the old one is refused from then on.
+    with pytest.raises(InvalidToken):
+        verify_token(_signed(acme.environment, old, "linh"))
+
+
+def test_a_cached_secret_expires(acme, monkeypatch):
+    old = acme.environment.signing_secret
+    monkeypatch.setattr(tokens, "SECRET_CACHE_SECONDS", 0.0)
+    assert verify_token(_signed(acme.environment, old, "linh")).external_id == "linh"
+    Environment.objects.filter(id=acme.environment.id).update(signing_secret=ELSEWHERE)
+    # Expired at once: the old token is checked against the database's secret and refused.
+    with pytest.raises(InvalidToken):
+        verify_token(_signed(acme.environment, old, "linh"))
+
+
+def test_unknown_environments_are_not_cached(acme):
+    stranger = Environment(id=uuid.uuid4(), name="never saved")
+    with pytest.raises(InvalidToken):
+        verify_token(_signed(stranger, ELSEWHERE, "linh"))
+    assert verify_token(acme.token("linh")).external_id == "linh"
+    assert set(tokens._environments) == {acme.environment.id}
+
+
+# ── the membership bus ───────────────────────────────────────────────────────
+async def _open(token: str) -> tuple[WebsocketCommunicator, dict]:
+    communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    ack = json.loads(await communicator.receive_from(timeout=5))
+    assert ack["type"] == "connection.ack"
+    return communicator, ack["payload"]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_again(acme, monkeypatch):
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    monkeypatch.setattr(membership, "RECENT_CHANGES", 2)
+    read_session = consumers.open_session
+    reads = []
+
+    async def busy_bus_meanwhile(token, extensions):
+        session = await read_session(token, extensions)
+        reads.append("session")
+        # After the read: linh leaves fleet, then more changes than the bus remembers go by.
+        await database_sync_to_async(membership.remove_member)(fleet, session.user)
+        for _ in range(2):
+            await database_sync_to_async(membership.remove_member)(general, acme.users["tuan"])
+            await database_sync_to_async(membership.add_member)(general, acme.users["tuan"])
+        bus = membership.bus()
+        for _ in range(100):
+            if bus.seq >= 5:
+                break
+            await asyncio.sleep(0.02)
+        return session
+
+    monkeypatch.setattr(consumers, "open_session", busy_bus_meanwhile)
+    read_channels = consumers.channels_of
+
+    async def counted(user):
+        reads.append("channels")
+        return await read_channels(user)
+
+    monkeypatch.setattr(consumers, "channels_of", counted)
+    linh, ack = await _open(acme.token("linh"))
+    assert reads == ["session", "channels"]
+    assert ack["channels"] == [str(general.id)]
+    await linh.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_replayed(acme, monkeypatch):
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    read_session = consumers.open_session
+
+    async def removed_after_the_read(token, extensions):
+        session = await read_session(token, extensions)
+        await database_sync_to_async(membership.remove_member)(fleet, session.user)
+        bus = membership.bus()
+        for _ in range(100):
+            if bus.seq >= 1:
+                break
+            await asyncio.sleep(0.02)
+        return session
+
+    monkeypatch.setattr(consumers, "open_session", removed_after_the_read)
+    linh, ack = await _open(acme.token("linh"))
+    # The read saw fleet; the removal that came after it is replayed, not lost.
+    assert sorted(ack["channels"]) == sorted([str(fleet.id), str(general.id)])
+    layer = get_channel_layer()
+    await layer.group_send(f"messages.{fleet.id}", {"type": "message.created", "message": {}})
+    await layer.group_send(
+        f"messages.{general.id}",
+        {
+            "type": "message.created",
+            "message": {
+                "id": "m",
+                "channel": str(general.id),
+                "seq": 1,
+                "user": "tuan",
+                "text": "t",
+                "created_at": "x",
+            },
+        },
+    )
+    created = []
+    while not created:
+        frame = json.loads(await linh.receive_from(timeout=5))
+        if frame["type"] == "message.created":
+            created.append(frame["payload"]["channel"])
+    assert created == [str(general.id)]
+    assert membership.bus().listeners  # linh is listening
+    await linh.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_closed_connection_stops_listening_on_the_bus(acme):
+    linh, _ = await _open(acme.token("linh"))
+    pk = acme.users["linh"].pk
+    assert pk in membership.bus().listeners
+    await linh.disconnect()
+    assert pk not in membership.bus().listeners
+
+
+# ── Relay's pub/sub layer ────────────────────────────────────────────────────
+def _layer(redis_url: str) -> RelayPubSubChannelLayer:
+    return RelayPubSubChannelLayer(hosts=[redis_url], prefix="relay")
+
+
+def _publishes(redis_client) -> int:
+    return redis_client.info("commandstats").get("cmdstat_publish", {}).get("calls", 0)
+
+
+def _subscribes(redis_client) -> int:
+    return redis_client.info("commandstats").get("cmdstat_subscribe", {}).get("calls", 0)
+
+
+async def test_consumers_share_one_inbox_subscription_and_local_sends_skip_redis(redis_url, redis_client):
+    layer = _layer(redis_url)
+    try:
+        subscribes = _subscribes(redis_client)
+        names = [await layer.new_channel() for _ in range(5)]
+        assert _subscribes(redis_client) == subscribes + 1
+        publishes = _publishes(redis_client)
+        await layer.send(names[3], {"type": "hello", "n": 3})
+        assert await layer.receive(names[3]) == {"type": "hello", "n": 3}
+        assert _publishes(redis_client) == publishes
+    finally:
+        await layer.flush()
+
+
+async def test_a_send_from_another_process_reaches_the_consumer_through_its_inbox(redis_url, redis_client):
+    here, elsewhere = _layer(redis_url), _layer(redis_url)
+    try:
+        mine, other = await here.new_channel(), await here.new_channel()
+        publishes = _publishes(redis_client)
+        await elsewhere.send(mine, {"type": "hello", "to": "mine"})
+        assert await here.receive(mine) == {"type": "hello", "to": "mine"}
+        assert _publishes(redis_client) == publishes + 1
+        # The inbox delivered to that channel only.
+        await here.send(other, {"type": "probe"})
+        assert await here.receive(other) == {"type": "probe"}
+    finally:
+        await here.flush()
+        await elsewhere.flush()
+
+
+async def test_a_group_add_returns_once_redis_has_the_subscription(redis_url, redis_client):
+    layer = _layer(redis_url)
+    try:
+        channel = await layer.new_channel()
+        await layer.group_add("presence.confirmed", channel)
+        # No wait: a PUBLISH from any connection now reaches the member.
+        assert [count for _, count in redis_client.pubsub_numsub("relay__group__presence.confirmed")] == [1]
+        await _layer(redis_url).group_send("presence.confirmed", {"type": "ping"})
+        assert await layer.receive(channel) == {"type": "ping"}
+    finally:
+        await layer.flush()
+
+
+async def test_group_send_many_is_one_round_trip_and_reaches_every_group(redis_url, redis_client):
+    layer = _layer(redis_url)
+    try:
+        members = {}
+        for group in ("g.one", "g.two", "g.three"):
+            members[group] = await layer.new_channel()
+            await layer.group_add(group, members[group])
+        publishes = _publishes(redis_client)
+        await group_send_many(layer, [(group, {"type": "t", "group": group}) for group in members])
+        for group, channel in members.items():
+            assert await layer.receive(channel) == {"type": "t", "group": group}
+        assert _publishes(redis_client) == publishes + 3
+    finally:
+        await layer.flush()
+
+
+async def test_group_send_many_falls_back_to_one_group_send_each_on_other_layers(redis_url):
+    from channels_redis.core import RedisChannelLayer
+
+    layer = RedisChannelLayer(hosts=[redis_url], prefix="relay-core-test")
+    try:
+        members = {}
+        for group in ("g.one", "g.two"):
+            members[group] = await layer.new_channel()
+            await layer.group_add(group, members[group])
+        await group_send_many(layer, [(group, {"type": "t", "group": group}) for group in members])
+        for group, channel in members.items():
+            assert await layer.receive(channel) == {"type": "t", "group": group}
+    finally:
+        await layer.flush()
+
+
+# ── transitions that say how many copies exist ───────────────────────────────
+class _Watcher:
+    """Just what presence's event handler reads of a connection."""
+
+    def __init__(self, *channels: str) -> None:
+        self.channel_ids = set(channels)
+        self.state = {STATE_KEY: Dedup()}
+        self.frames: list[dict] = []
+
+    async def send_frame(self, frame_type: str, payload: dict) -> None:
+        self.frames.append({"type": frame_type, "payload": payload})
+
+
+async def test_a_single_copy_is_delivered_without_remembering_its_id():
+    fleet, general = str(uuid.uuid4()), str(uuid.uuid4())
+    watcher = _Watcher(fleet, general)
+    await presence_transition(watcher, transition_message("tuan", "online", str(uuid.uuid4()), fleet, copies=1))
+    assert watcher.frames == [{"type": "presence.changed", "payload": {"user": "tuan", "state": "online"}}]
+    assert len(watcher.state[STATE_KEY]) == 0
+
+
+async def test_several_copies_are_still_delivered_once():
+    fleet, general = str(uuid.uuid4()), str(uuid.uuid4())
+    watcher = _Watcher(fleet, general)
+    transition = str(uuid.uuid4())
+    for channel in (fleet, general):
+        await presence_transition(watcher, transition_message("tuan", "offline", transition, channel, copies=2))
+    assert watcher.frames == [{"type": "presence.changed", "payload": {"user": "tuan", "state": "offline"}}]
+    assert len(watcher.state[STATE_KEY]) == 1
+
+
+def test_a_copy_count_must_be_a_positive_integer():
+    channel = str(uuid.uuid4())
+    good = transition_message("linh", "online", str(uuid.uuid4()), channel, copies=3)
+    assert parse_transition(good).copies == 3
+    assert parse_transition(transition_message("linh", "online", str(uuid.uuid4()), channel)).copies is None
+    for bad in (0, -1, "2", 1.5, None):
+        assert parse_transition({**good, "copies": bad}) is None

@@ -161,13 +161,19 @@ def _latencies(watchers_by_user: dict[str, list[Watcher]], opened: dict, state: 
     return values, missing
 
 
-async def notify(job: dict) -> None:
-    """Subjects on one instance, their watchers on another; latency of `online`."""
-    watchers_by_user: dict[str, list[Watcher]] = defaultdict(list)
+async def _open_watchers(job: dict) -> tuple[list[Watcher], dict[str, list[Watcher]]]:
+    """Open the job's watchers; return them and, for each subject, the watchers that share its channel."""
     all_watchers = await _open_many([w["url"] for w in job["watchers"]], job.get("concurrency", 200))
+    watchers_by_user: dict[str, list[Watcher]] = defaultdict(list)
     for spec, watcher in zip(job["watchers"], all_watchers, strict=True):
         for user in spec["subjects"]:
             watchers_by_user[user].append(watcher)
+    return all_watchers, watchers_by_user
+
+
+async def notify(job: dict) -> None:
+    """Subjects on one instance, their watchers on another; latency of `online`."""
+    all_watchers, watchers_by_user = await _open_watchers(job)
     progress(f"{len(all_watchers)} watchers ready; {len(job['subjects'])} subjects at {job['rate']}/s")
     opened: dict[str, float] = {}
     achieved = await _paced([(s["user"], s["url"]) for s in job["subjects"]], job["rate"], job["hold"], opened)
@@ -187,11 +193,7 @@ async def notify(job: dict) -> None:
 
 async def churn(job: dict) -> None:
     """Connect/disconnect pairs at `rate`/s; online latency and presence frames delivered per second."""
-    watchers_by_user: dict[str, list[Watcher]] = defaultdict(list)
-    all_watchers = await _open_many([w["url"] for w in job["watchers"]], job.get("concurrency", 200))
-    for spec, watcher in zip(job["watchers"], all_watchers, strict=True):
-        for user in spec["subjects"]:
-            watchers_by_user[user].append(watcher)
+    all_watchers, watchers_by_user = await _open_watchers(job)
     frames_before = sum(w.frames for w in all_watchers)
     opened: dict[str, float] = {}
     started = time.perf_counter()

@@ -33,6 +33,11 @@ CLOSE_TOO_MANY_CONNECTIONS = 4429
 CLOSE_TOO_BIG = 1009
 
 
+def log_hook_failure(hook: str, error: Exception) -> None:
+    """Log an extension's failure by name and exception type only (no traceback, nothing secret)."""
+    log_event(logger, "connection.hook_failed", logging.ERROR, hook=hook, error=type(error).__name__)
+
+
 @dataclass
 class Session:
     """What a connect reads from the database: the user, their channels, and each extension's `load`."""
@@ -52,13 +57,7 @@ def _read_session(token: str | None, extensions: list[registry.Extension]) -> Se
             session.loaded[ext] = ext.load(session.user, frozenset(session.channel_ids))
         except Exception as error:
             # The extension does without (as a failed hook would); the connection still opens.
-            log_event(
-                logger,
-                "connection.hook_failed",
-                logging.ERROR,
-                hook=f"{type(ext).__name__}.load",
-                error=type(error).__name__,
-            )
+            log_hook_failure(f"{type(ext).__name__}.load", error)
     return session
 
 
@@ -155,13 +154,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         try:
             await hook(self, *args)
         except Exception as error:
-            log_event(
-                logger,
-                "connection.hook_failed",
-                logging.ERROR,
-                hook=f"{type(hook.__self__).__name__}.{name}",
-                error=type(error).__name__,
-            )
+            log_hook_failure(f"{type(hook.__self__).__name__}.{name}", error)
 
     # ── frames from the client ───────────────────────────────────────────────
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:

@@ -25,10 +25,10 @@ from django.conf import settings
 from presence.fabric import State, group_name, transition_message
 from presence.store import PresenceStore, Timings, member, record_failure, split_member
 from relay import metrics
+from relay.connect_reads import channel_ids_of_user
 from relay.exceptions import ConnectionRefused
 from relay.layers import group_send_many
 from relay.logging import log_event
-from relay.membership import channel_ids_of
 from relay.models import User
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
 def channels_of(environment_id: str, user_id: str) -> set[str]:
     """The channel ids of one tenant's user, read from the database (empty when unknown)."""
     user = User.objects.filter(environment_id=environment_id, external_id=user_id).first()
-    return channel_ids_of(user) if user else set()
+    return channel_ids_of_user(user.pk) if user else set()
 
 
 class PresenceService:

@@ -19,10 +19,10 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
 from relay import membership, metrics, registry
+from relay.connect_reads import channel_ids_of_user
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
 from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
 from relay.logging import log_event
-from relay.membership import channel_ids_of
 from relay.models import User
 from relay.tokens import verify_token
 
@@ -49,7 +49,7 @@ class Session:
 
 def _read_session(token: str | None, extensions: list[registry.Extension]) -> Session:
     session = Session(user=verify_token(token), channel_ids=set())
-    session.channel_ids = channel_ids_of(session.user)
+    session.channel_ids = channel_ids_of_user(session.user.pk)
     for ext in extensions:
         if type(ext).load is registry.Extension.load:
             continue
@@ -69,7 +69,7 @@ open_session = database_sync_to_async(_read_session)
 @database_sync_to_async
 def channels_of(user: User) -> set[str]:
     """Return the ids of the channels `user` belongs to."""
-    return channel_ids_of(user)
+    return channel_ids_of_user(user.pk)
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):

@@ -209,13 +209,11 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
 
     async def group_send_many(self, sends: Sequence[tuple[str, dict]]) -> None:
         """Send each (group, message) in one pipelined round trip per shard."""
-        by_shard: dict[int, list[tuple[str, bytes]]] = {}
+        by_shard: dict[_Shard, list[tuple[str, bytes]]] = {}
         for group, message in sends:
             name = self._get_group_channel_name(group)
-            shard = self._get_shard(name)
-            by_shard.setdefault(id(shard), []).append((name, self.channel_layer.serialize(message)))
-        shards = {id(shard): shard for shard in self._shards}
-        await asyncio.gather(*(shards[key].publish_many(batch) for key, batch in by_shard.items()))
+            by_shard.setdefault(self._get_shard(name), []).append((name, self.channel_layer.serialize(message)))
+        await asyncio.gather(*(shard.publish_many(batch) for shard, batch in by_shard.items()))
 
     async def flush(self) -> None:
         """Forget everything, the inbox subscription included."""

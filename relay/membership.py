@@ -18,7 +18,6 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 
-from relay.connect_reads import channel_ids_of_user
 from relay.logging import log_event
 from relay.models import Channel, Membership, User
 
@@ -159,11 +158,6 @@ def bus() -> MembershipBus:
     if found is None:
         found = _buses[loop] = MembershipBus()
     return found
-
-
-def channel_ids_of(user: User) -> set[str]:
-    """Return the ids of the channels `user` belongs to (plain SQL: it runs on every connect)."""
-    return channel_ids_of_user(user.pk)
 
 
 def add_member(channel: Channel, user: User) -> bool:

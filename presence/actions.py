@@ -27,7 +27,7 @@ from presence.store import PresenceStore, Timings, member, record_failure, split
 from relay import metrics
 from relay.connect_reads import channel_ids_of_user
 from relay.exceptions import ConnectionRefused
-from relay.layers import group_send_many
+from relay.layers import group_send_many, publications
 from relay.logging import log_event
 from relay.models import User
 
@@ -66,6 +66,21 @@ class Held:
     def channels(self) -> set[str]:
         """The user's channels, as their newest connection knows them."""
         return set(next(reversed(self.connections.values()), set()))
+
+
+def _group_sends(user_id: str, state: State, channels: Sequence[str]) -> list[tuple[str, dict]]:
+    """One transition, its id minted once, as a message for the group of each of `channels`."""
+    transition_id = str(uuid.uuid4())
+    return [
+        (group_name(channel_id), transition_message(user_id, state, transition_id, channel_id, copies=len(channels)))
+        for channel_id in channels
+    ]
+
+
+def _published(user_id: str, state: State, channels: int) -> None:
+    metrics.PRESENCE_PUBLISHED.labels(state=state).inc()
+    # `channels` is a count: the list would be a membership graph in a log file.
+    log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
 
 
 def suppressed(user_id: str, state: State, reason: str) -> None:
@@ -110,15 +125,23 @@ class PresenceService:
         held = self.held.setdefault(subject, Held())
         held.connections[conn.connection_id] = conn.channel_ids
         self._ensure_ticker()
-        admission = await self.store.admission(conn.environment_id, conn.user_id, conn.connection_id, watch)
+        channels = sorted(conn.channel_ids)
+        # Prepared whether or not this connection wins: Redis publishes them in the election's own
+        # round trip when it does (when the layer's groups live on the presence Redis).
+        publish = self._in_store("online", conn.user_id, channels)
+        admission = await self.store.admission(
+            conn.environment_id, conn.user_id, conn.connection_id, watch, publish or ()
+        )
         if admission is None:
             return None
         if not admission.admitted:
             self._forget(subject, conn.connection_id)
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.confirmed = True
-        if admission.won:
-            await self.publish(conn.environment_id, conn.user_id, "online", conn.channel_ids)
+        if admission.won and publish is not None:
+            _published(conn.user_id, "online", len(channels))
+        elif admission.won:
+            await self.publish(conn.environment_id, conn.user_id, "online", channels)
         else:
             suppressed(conn.user_id, "online", ALREADY_ONLINE)
         return admission.online
@@ -168,11 +191,15 @@ class PresenceService:
 
     async def _grace_check(self, subject: Subject, channels: set[str]) -> None:
         environment_id, user_id = subject
-        outcome = await self.store.grace_check(environment_id, user_id)
+        ordered = sorted(channels)
+        publish = self._in_store("offline", user_id, ordered)
+        outcome = await self.store.grace_check(environment_id, user_id, publish or ())
         if outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
+        elif outcome == 1 and publish is not None:
+            _published(user_id, "offline", len(ordered))
         elif outcome == 1:
-            await self.publish(environment_id, user_id, "offline", channels)
+            await self.publish(environment_id, user_id, "offline", ordered)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
@@ -238,25 +265,24 @@ class PresenceService:
         if self.closed:
             return
         channels = sorted(channel_ids)
-        transition_id = str(uuid.uuid4())
         try:
             # One pipelined round trip for all of the user's channels (relay.layers).
-            await group_send_many(
-                get_channel_layer(),
-                [
-                    (
-                        group_name(channel_id),
-                        transition_message(user_id, state, transition_id, channel_id, copies=len(channels)),
-                    )
-                    for channel_id in channels
-                ],
-            )
+            await group_send_many(get_channel_layer(), _group_sends(user_id, state, channels))
         except Exception as error:
             record_failure("publish", error)
             return
-        metrics.PRESENCE_PUBLISHED.labels(state=state).inc()
-        # `channels` is a count: the list would be a membership graph in a log file.
-        log_event(logger, "presence.published", user=user_id, state=state, channels=len(channels))
+        _published(user_id, state, len(channels))
+
+    def _in_store(self, state: State, user_id: str, channels: Sequence[str]) -> list[tuple[str, bytes]] | None:
+        """The transition as PUBLISHes for a presence script to send, or None when it cannot.
+
+        It can when the channel layer's groups live on the presence Redis (the default: one
+        RELAY_REDIS_URL). A separate presence Redis (RELAY_PRESENCE_REDIS_URL) publishes through
+        the layer afterwards, as `publish` does.
+        """
+        if self.closed:
+            return None  # `publish` then declines too: nothing goes out after a shutdown began
+        return publications(get_channel_layer(), _group_sends(user_id, state, channels), self.store.url)
 
     # ── the fabric ───────────────────────────────────────────────────────────
     def first_sight_of_invalid(self, message: dict) -> bool:

@@ -79,8 +79,9 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
 
 # KEYS: conns, key, marker, deadlines. ARGV: connection id, ttl, grace, max, member, environment id,
-# then the user ids whose presence the connection's snapshot needs. The limit, the election and
-# the snapshot's read in one round trip. Returns {admitted, won, online user id, ...}.
+# n, then n (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose
+# presence the connection's snapshot needs. The limit, the election, the winner's `online` and the
+# snapshot's read in one round trip. Returns {admitted, won, online user id, ...}.
 ADMIT = (
     _NOW
     + """
@@ -96,6 +97,9 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
   won = 1
   -- The winner clears "somebody already said they left" so the next departure elects again.
   redis.call('DEL', KEYS[3])
+  for i = 8, 7 + 2 * tonumber(ARGV[7]), 2 do
+    redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+  end
 else
   -- A key a close re-pinned to the grace has a live connection again: back to the TTL,
   -- which this connection's instance now refreshes.
@@ -104,7 +108,7 @@ end
 redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
 local reply = {1, won}
 local prefix = 'presence:' .. ARGV[6] .. ':'
-for i = 7, #ARGV do
+for i = 8 + 2 * tonumber(ARGV[7]), #ARGV do
   if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
     table.insert(reply, ARGV[i])
   end
@@ -140,13 +144,17 @@ return 2
 """
 )
 
-# KEYS: key, marker. ARGV: marker ttl. 0 = still online, 1 = won the right to publish
-# `offline`, 2 = another instance (or the reaper) already did.
+# KEYS: key, marker. ARGV: marker ttl, then (channel, payload) pairs to PUBLISH if this caller
+# wins. 0 = still online, 1 = won the right to publish `offline`, 2 = another instance (or the
+# reaper) already did.
 GRACE_CHECK = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
+  for i = 2, #ARGV, 2 do
+    redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+  end
   return 1
 end
 return 2
@@ -283,6 +291,7 @@ class PresenceStore:
     """The async presence client of one event loop, with its scripts and fail-fast wrapper."""
 
     def __init__(self, url: str, timings: Timings) -> None:
+        self.url = url
         self.timings = timings
         # retries=0: redis-py retries three times with backoff by default, which turns a dead
         # store into a stall on every call instead of one quick, logged failure.
@@ -310,11 +319,17 @@ class PresenceStore:
         return None if admission is None else (admission.admitted, admission.won)
 
     async def admission(
-        self, environment_id: str, user_id: str, connection_id: str, watch: Sequence[str] = ()
+        self,
+        environment_id: str,
+        user_id: str,
+        connection_id: str,
+        watch: Sequence[str] = (),
+        publish: Sequence[tuple[str, bytes]] = (),
     ) -> "Admission | None":
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
         `online` is read after this connection's own election, so it includes the user when admitted.
+        Each (channel, payload) of `publish` is PUBLISHed by Redis if, and only if, this connection wins.
         """
         t = self.timings
         keys = [
@@ -324,7 +339,8 @@ class PresenceStore:
             DEADLINES,
         ]
         args = [connection_id, t.ttl, t.grace, t.max_connections, member(environment_id, user_id), environment_id]
-        reply = await self.call("admit", lambda: self._admit(keys=keys, args=[*args, *watch]))
+        args += [len(publish), *(part for pair in publish for part in pair), *watch]
+        reply = await self.call("admit", lambda: self._admit(keys=keys, args=args))
         if reply is None:
             return None
         return Admission(admitted=bool(reply[0]), won=bool(reply[1]), online=[_text(uid) for uid in reply[2:]])
@@ -335,10 +351,16 @@ class PresenceStore:
         args = [connection_id, self.timings.grace, "1" if last_local else "0"]
         return await self.call("release", lambda: self._release(keys=keys, args=args)) is not None
 
-    async def grace_check(self, environment_id: str, user_id: str) -> int | None:
-        """0 = still online somewhere, 1 = this caller publishes `offline`, 2 = someone else did."""
+    async def grace_check(
+        self, environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]] = ()
+    ) -> int | None:
+        """0 = still online somewhere, 1 = this caller publishes `offline`, 2 = someone else did.
+
+        Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip.
+        """
         keys = [presence_key(environment_id, user_id), marker_key(environment_id, user_id)]
-        return await self.call("grace_check", lambda: self._grace_check(keys=keys, args=[self.timings.marker_ttl]))
+        args = [self.timings.marker_ttl, *(part for pair in publish for part in pair)]
+        return await self.call("grace_check", lambda: self._grace_check(keys=keys, args=args))
 
     async def refresh(self, held: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[str, bool]] | None:
         """Refresh every held `{env}:{user}` and its connections; return the re-elected ones."""

@@ -15,7 +15,11 @@ format) with two changes, both measured in docs/performance.md:
   goes to every channel of its user). Publishes also no longer queue behind each other on the
   shard's lock, which only guards subscription changes.
 
-`group_send_many(layer, sends)` works with any layer: it falls back to one `group_send` each.
+- `publications()`: the (Redis channel, payload) a group send would PUBLISH, so a Lua script on
+  the same Redis can publish a presence transition in the round trip that decides it.
+
+`group_send_many(layer, sends)` works with any layer: it falls back to one `group_send` each;
+`publications(layer, ...)` answers None for any other layer.
 """
 
 import asyncio
@@ -52,6 +56,15 @@ async def group_send_many(layer: object, sends: Sequence[tuple[str, dict]]) -> N
             errors.append(error)
     if errors:
         raise errors[0]
+
+
+def publications(layer: object, sends: Sequence[tuple[str, dict]], redis_url: str) -> list[tuple[str, bytes]] | None:
+    """What PUBLISHing each (group, message) on the Redis at `redis_url` means on this layer.
+
+    None when the layer cannot say (another layer) or its groups do not all live on that Redis.
+    """
+    prepare = getattr(layer, "publications", None)
+    return None if prepare is None else prepare(sends, redis_url)
 
 
 class _Shard(RedisSingleShardConnection):
@@ -214,6 +227,16 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
             name = self._get_group_channel_name(group)
             by_shard.setdefault(self._get_shard(name), []).append((name, self.channel_layer.serialize(message)))
         await asyncio.gather(*(shard.publish_many(batch) for shard, batch in by_shard.items()))
+
+    def publications(self, sends: Sequence[tuple[str, dict]], redis_url: str) -> list[tuple[str, bytes]] | None:
+        """(Redis channel, serialized message) per (group, message); None unless they live on `redis_url`."""
+        prepared = []
+        for group, message in sends:
+            name = self._get_group_channel_name(group)
+            if self._get_shard(name).host.get("address") != redis_url:
+                return None
+            prepared.append((name, self.channel_layer.serialize(message)))
+        return prepared
 
     async def flush(self) -> None:
         """Forget everything, the inbox subscription included."""

@@ -22,7 +22,7 @@ from presence.fabric import Dedup, parse_transition, transition_message
 from relay import consumers, membership, tokens
 from relay.asgi import application
 from relay.exceptions import InvalidToken
-from relay.layers import RelayPubSubChannelLayer, group_send_many
+from relay.layers import RelayPubSubChannelLayer, group_send_many, publications
 from relay.models import Environment
 from relay.tokens import verify_token
 
@@ -276,6 +276,23 @@ async def test_group_send_many_falls_back_to_one_group_send_each_on_other_layers
         await group_send_many(layer, [(group, {"type": "t", "group": group}) for group in members])
         for group, channel in members.items():
             assert await layer.receive(channel) == {"type": "t", "group": group}
+    finally:
+        await layer.flush()
+
+
+async def test_publications_are_what_a_group_send_publishes_on_the_layers_own_redis(redis_url, redis_client):
+    layer = _layer(redis_url)
+    try:
+        channel = await layer.new_channel()
+        await layer.group_add("g.scripted", channel)
+        prepared = publications(layer, [("g.scripted", {"type": "t", "n": 1})], redis_url)
+        assert [name for name, _ in prepared] == ["relay__group__g.scripted"]
+        # PUBLISHed by anyone (here: this test; in Relay: a presence script), it is that group send.
+        redis_client.publish(*prepared[0])
+        assert await layer.receive(channel) == {"type": "t", "n": 1}
+        # Groups on another Redis, or another layer: no answer, and the caller sends as usual.
+        assert publications(layer, [("g.scripted", {"type": "t"})], "redis://elsewhere:6379/0") is None
+        assert publications(object(), [("g.scripted", {"type": "t"})], redis_url) is None
     finally:
         await layer.flush()
 

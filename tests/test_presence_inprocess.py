@@ -214,6 +214,27 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
     assert all(record.exc_info is None for record in caplog.records)
 
 
+@pytest.mark.parametrize("same_redis", [True, False], ids=["published-by-the-scripts", "published-by-the-layer"])
+async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
+    acme, settings, redis_url, caplog, same_redis
+):
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    if not same_redis:
+        # The same server under another name: to presence, a Redis the layer's groups are not on.
+        settings.RELAY_PRESENCE_REDIS_URL = redis_url.replace("127.0.0.1", "localhost")
+    assert (actions.service().store.url == settings.RELAY_REDIS_URL) is same_redis
+    linh = await Socket.open(acme.token("linh"))
+    assert await linh.wait_changes(1) == [{"user": "linh", "state": "online"}]
+    tuan = await Socket.open(acme.token("tuan"))
+    await linh.wait_changes(2)
+    await tuan.close()
+    assert (await linh.wait_changes(3))[1:] == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
+    await linh.close()
+    published = [(e["user"], e["state"]) for e in events(caplog, "presence.published")]
+    assert published == [("linh", "online"), ("tuan", "online"), ("tuan", "offline")]
+
+
 async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothing(acme, settings, caplog):
     settings.RELAY_PRESENCE_GRACE_MS = 200
     settings.RELAY_PRESENCE_MARGIN_MS = 50

@@ -127,6 +127,47 @@ async def test_the_grace_check_elects_exactly_one_publisher_of_offline(stores, r
     assert not redis_client.exists(marker_key(ACME, "linh"))
 
 
+async def _heard(pubsub, timeout: float = 0.2) -> list[tuple[str, bytes]]:
+    """Every (channel, payload) the subscription receives until it stays quiet for `timeout`."""
+    heard = []
+    while (message := await pubsub.get_message(timeout=timeout)) is not None:
+        if message["type"] == "message":
+            heard.append((message["channel"].decode(), message["data"]))
+    return heard
+
+
+@pytest.fixture
+async def listener(stores):
+    """A subscription to the channels "fleet" and "general", where the scripts publish."""
+    pubsub = stores[0].client.pubsub()
+    await pubsub.subscribe("fleet", "general")
+    yield pubsub
+    await pubsub.aclose()
+
+
+async def test_the_election_publishes_what_it_is_given_only_when_it_is_won(stores, listener):
+    one, two = stores
+    online = [("fleet", b"linh online"), ("general", b"linh online")]
+    assert await one.admission(ACME, "linh", "c1", publish=online) is not None
+    assert await _heard(listener) == online
+    # A second connection loses: Redis publishes nothing, and still reads the snapshot's keys.
+    admission = await two.admission(ACME, "linh", "c2", ["linh", "tuan"], publish=online)
+    assert (admission.admitted, admission.won, admission.online) == (True, False, ["linh"])
+    assert await _heard(listener) == []
+
+
+async def test_the_grace_check_publishes_what_it_is_given_only_when_it_is_won(stores, listener, redis_client):
+    one, two = stores
+    offline = [("fleet", b"linh offline")]
+    await one.admit(ACME, "linh", "c1")
+    assert await one.grace_check(ACME, "linh", offline) == 0
+    assert await _heard(listener) == []
+    redis_client.delete(presence_key(ACME, "linh"))
+    assert await one.grace_check(ACME, "linh", offline) == 1
+    assert await two.grace_check(ACME, "linh", offline) == 2
+    assert await _heard(listener) == offline
+
+
 async def test_the_refresh_extends_keys_and_reports_a_vanished_one_once(stores, redis_client):
     one, two = stores
     await one.admit(ACME, "linh", "c1")

@@ -53,6 +53,7 @@ CHURN_TIMINGS = {
     "RELAY_PRESENCE_MARGIN_MS": "50",
 }
 P99_LIMIT_MS = 250.0
+TRANSITION_KEYS = ("transitions.max_per_s", "fanout.frames_per_s")
 
 
 def say(message: str) -> None:
@@ -295,17 +296,23 @@ def phase_idle(world: World, workdir: Path, sizes: Sizes) -> dict:
     }
 
 
-def _watch_world(world: World, prefix: str, subjects: int, watchers: int, per_channel: int) -> tuple[list, list]:
-    """Channels of `watchers` watchers plus `per_channel` subjects each; returns (watcher specs, subject ids)."""
+def _watch_world(
+    world: World, prefix: str, subjects: int, watchers: int, per_channel: int
+) -> tuple[list, list, dict[str, str]]:
+    """Channels of `watchers` watchers plus `per_channel` subjects each.
+
+    Returns the watcher specs, the subject ids and the channel id of every user.
+    """
     subject_ids = world.users(f"{prefix}-s", subjects)
     channels = max(1, subjects // per_channel)
-    watcher_specs = []
+    watcher_specs, channel_of = [], {}
     for index in range(channels):
         members = subject_ids[index::channels]
         watcher_ids = world.users(f"{prefix}-w{index}", watchers)
-        world.channel(f"{prefix}-{index}", watcher_ids + members)
+        channel = world.channel(f"{prefix}-{index}", watcher_ids + members)
+        channel_of.update(dict.fromkeys(watcher_ids + members, channel))
         watcher_specs += [{"user": uid, "subjects": members} for uid in watcher_ids]
-    return watcher_specs, subject_ids
+    return watcher_specs, subject_ids, channel_of
 
 
 def warm_up(world: World, prefix: str, *servers: Server) -> None:
@@ -324,7 +331,7 @@ def warm_up(world: World, prefix: str, *servers: Server) -> None:
 def phase_notify(world: World, workdir: Path, sizes: Sizes) -> dict:
     """Subject connects on A → watcher on B hears `online`, at a steady rate."""
     count = int(sizes.notify_rate * sizes.notify_seconds)
-    watchers, subjects = _watch_world(world, "notify", count, sizes.notify_watchers, per_channel=20)
+    watchers, subjects, _ = _watch_world(world, "notify", count, sizes.notify_watchers, per_channel=20)
     a, b = daphne("relay-notify-a", workdir), daphne("relay-notify-b", workdir)
     try:
         warm_up(world, "notify", a, b)
@@ -358,38 +365,51 @@ def phase_notify(world: World, workdir: Path, sizes: Sizes) -> dict:
     }
 
 
-def _churn_job(world: World, a: Server, b: Server, prefix: str, rate: int, seconds: float) -> dict:
+def _churn_job(world: World, a: Server, b: Server, prefix: str, rate: int, seconds: float, bare: bool) -> dict:
     count = int(rate * seconds)
-    watchers, subjects = _watch_world(world, prefix, count, 20, per_channel=max(1, count // 20))
+    watchers, subjects, channel_of = _watch_world(world, prefix, count, 20, per_channel=max(1, count // 20))
+
+    def url(server: Server, user: str, announce: bool) -> str:
+        if not bare:
+            return server.ws_url(f"token={world.token(user)}")
+        # Bare watchers only listen: Relay's watchers announce themselves once, before the window.
+        return server.ws_url(f"channels={channel_of[user]}" + (f"&user={user}" if announce else ""))
+
     return {
         "scenario": "churn",
         # Half of each channel's watchers on each instance; subjects alternate instances.
         "watchers": [
-            {"url": (a, b)[i % 2].ws_url(f"token={world.token(w['user'])}"), "subjects": w["subjects"]}
-            for i, w in enumerate(watchers)
+            {"url": url((a, b)[i % 2], w["user"], False), "subjects": w["subjects"]} for i, w in enumerate(watchers)
         ],
-        "subjects": [
-            {"user": s, "url": (a, b)[i % 2].ws_url(f"token={world.token(s)}")} for i, s in enumerate(subjects)
-        ],
+        "subjects": [{"user": s, "url": url((a, b)[i % 2], s, True)} for i, s in enumerate(subjects)],
         "rate": rate,
         "hold": 0.05,
         "settle": 1.5,
     }
 
 
-def phase_churn(world: World, workdir: Path, sizes: Sizes) -> tuple[dict, list[dict]]:
-    """Raise the connect/disconnect rate until online p99 passes 250 ms or the rate cannot be held."""
-    a = daphne("relay-churn-a", workdir, **CHURN_TIMINGS)
-    b = daphne("relay-churn-b", workdir, **CHURN_TIMINGS)
+def phase_churn(world: World, workdir: Path, sizes: Sizes, bare: bool = False) -> tuple[dict, list[dict]]:
+    """Raise the connect/disconnect rate until online p99 passes 250 ms or the rate cannot be held.
+
+    `bare`: the same climb against the bare fan-out consumer (bench/bare.py) on the same servers,
+    the stack's own ceiling for the same load: keys `_bare_transitions_max_per_s` and
+    `_bare_fanout_frames_per_s`.
+    """
+    name = "bare-churn" if bare else "relay-churn"
+    app = {"app": "bench.bare:application"} if bare else {}
+    a = daphne(f"{name}-a", workdir, **app, **CHURN_TIMINGS)
+    b = daphne(f"{name}-b", workdir, **app, **CHURN_TIMINGS)
     steps, best = [], None
     try:
-        warm_up(world, "churn", a, b)
+        if not bare:
+            warm_up(world, "churn", a, b)
         for rate in sizes.churn_rates:
-            result = run_job(_churn_job(world, a, b, f"churn{rate}", rate, sizes.churn_seconds))
+            job = _churn_job(world, a, b, f"{name}{rate}", rate, sizes.churn_seconds, bare)
+            result = {**run_job(job), "server": "bare" if bare else "relay"}
             steps.append(result)
             held = result["achieved_rate"] >= 0.9 * rate and result["missing_online"] == 0
             say(
-                f"churn {rate}/s: achieved {result['achieved_rate']}/s, p99 {result['p99_ms']} ms, "
+                f"{name} {rate}/s: achieved {result['achieved_rate']}/s, p99 {result['p99_ms']} ms, "
                 f"{result['frames_per_s']} frames/s, missing {result['missing_online']}/{result['missing_offline']}"
             )
             if result["p99_ms"] > P99_LIMIT_MS or not held:
@@ -398,13 +418,8 @@ def phase_churn(world: World, workdir: Path, sizes: Sizes) -> tuple[dict, list[d
     finally:
         a.stop()
         b.stop()
-    return (
-        {
-            "transitions.max_per_s": best["rate"] if best else 0,
-            "fanout.frames_per_s": best["frames_per_s"] if best else 0.0,
-        },
-        steps,
-    )
+    keys = ("_bare_transitions_max_per_s", "_bare_fanout_frames_per_s") if bare else TRANSITION_KEYS
+    return {keys[0]: best["rate"] if best else 0, keys[1]: best["frames_per_s"] if best else 0.0}, steps
 
 
 def phase_commands(world: World, workdir: Path, redis_client: Any) -> dict:
@@ -698,11 +713,13 @@ def write_results(out: Path, results: dict, context: dict, steps: list[dict], mo
         "",
         "## Churn steps (connect/disconnect pairs per second)",
         "",
-        "| rate | achieved | p50 ms | p99 ms | frames/s | missing online/offline |",
-        "|---|---|---|---|---|---|",
+        "Relay, then the bare fan-out consumer (bench/bare.py) under the same load.",
+        "",
+        "| server | rate | achieved | p50 ms | p99 ms | frames/s | missing online/offline |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {s['rate']} | {s['achieved_rate']} | {s['p50_ms']} | {s['p99_ms']} | {s['frames_per_s']} "
+        f"| {s['server']} | {s['rate']} | {s['achieved_rate']} | {s['p50_ms']} | {s['p99_ms']} | {s['frames_per_s']} "
         f"| {s['missing_online']}/{s['missing_offline']} |"
         for s in steps
     ]
@@ -753,6 +770,10 @@ def main() -> int:
         if fresh("churn"):
             churn, steps = phase_churn(world, workdir, sizes)
             results.update(churn)
+            redis_client.flushall()
+            bare_churn, bare_steps = phase_churn(world, workdir, sizes, bare=True)
+            results.update(bare_churn)
+            steps += bare_steps
         if fresh("commands"):
             results.update(phase_commands(world, workdir, redis_client))
         if fresh("cpu"):

@@ -106,6 +106,8 @@ class PresenceService:
         self.pending: dict[Subject, asyncio.TimerHandle] = {}
         self.closed = False
         self._ticker: asyncio.Task | None = None
+        # Resolved when the refresh in flight (if any) has been answered by Redis.
+        self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
         self._invalid_seen: dict[int, float] = {}
 
@@ -152,6 +154,13 @@ class PresenceService:
         last_local = self._forget(subject, conn.connection_id)
         # The channels current at the close; only used if nobody comes back, when they are still right.
         channels = set(conn.channel_ids)
+        refreshing = self._refreshing
+        if refreshing is not None:
+            # A refresh in flight was built before this close and still carries the connection.
+            # Reaching Redis after the release, it would put the slot back and stretch the key to
+            # the TTL again: the grace check would find the user online, and their `offline`
+            # would wait for the reaper. The release goes once Redis has answered it.
+            await refreshing
         # AWAITED before the timer is armed: the re-pin's round trip then sits inside the wait
         # instead of racing the check (seed 004, R2b).
         await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
@@ -232,7 +241,12 @@ class PresenceService:
 
     async def _refresh(self) -> None:
         snapshot = {member(*subject): (subject, held) for subject, held in self.held.items()}
-        vanished = await self.store.refresh((name, list(held.connections)) for name, (_, held) in snapshot.items())
+        self._refreshing = asyncio.get_running_loop().create_future()
+        try:
+            vanished = await self.store.refresh((name, list(held.connections)) for name, (_, held) in snapshot.items())
+        finally:
+            self._refreshing.set_result(None)
+            self._refreshing = None
         if vanished is None:
             return
         for name, had_marker in vanished:

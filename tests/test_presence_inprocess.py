@@ -235,6 +235,37 @@ async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
     assert published == [("linh", "online"), ("tuan", "online"), ("tuan", "offline")]
 
 
+async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(acme, settings, monkeypatch):
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    linh = await Socket.open(acme.token("linh"))
+    tuan = await Socket.open(acme.token("tuan"))
+    await linh.wait_changes(2)
+    service = actions.service()
+    refresh, built, answer = service.store.refresh, asyncio.Event(), asyncio.Event()
+
+    async def refresh_answered_late(held):
+        held = list(held)  # built now, with tuan's connection in it
+        built.set()
+        await answer.wait()
+        return await refresh(held)
+
+    monkeypatch.setattr(service.store, "refresh", refresh_answered_late)
+    tick = asyncio.ensure_future(service.tick())
+    await built.wait()
+    close = asyncio.ensure_future(tuan.close())
+    await asyncio.sleep(0.03)  # the close is under way; the refresh lands well inside its grace
+    answer.set()
+    await asyncio.gather(tick, close)
+    # Had the release gone first, the late refresh would have put tuan's slot back and stretched
+    # the key to the TTL: the grace check would have found him online, and said nothing.
+    changes = await linh.wait_changes(3)
+    assert changes[2:] == [{"user": "tuan", "state": "offline"}]
+    await asyncio.sleep(0.3)
+    assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
+    await linh.close()
+
+
 async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothing(acme, settings, caplog):
     settings.RELAY_PRESENCE_GRACE_MS = 200
     settings.RELAY_PRESENCE_MARGIN_MS = 50

@@ -4,6 +4,7 @@ It owns only the connection's life and the wire; what a frame or event means
 belongs to the app that registered it in `relay.registry`.
 """
 
+import contextlib
 import json
 import logging
 import uuid
@@ -12,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
@@ -29,6 +31,9 @@ from relay.tokens import verify_token
 logger = logging.getLogger(__name__)
 
 CLOSE_UNAUTHORIZED = 4401
+# What sending on a socket the client closed raises: Daphne (autobahn) its Disconnected, servers
+# following ASGI 2.4 an OSError.
+SOCKET_GONE = (Disconnected, OSError)
 CLOSE_TOO_MANY_CONNECTIONS = 4429
 CLOSE_TOO_BIG = 1009
 
@@ -230,8 +235,13 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def send_frame(self, frame_type: str, payload: dict) -> None:
         """Send one `{"type", "payload"}` frame."""
         metrics.FRAMES_OUT.labels(type=frame_type).inc()
-        # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
-        await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
+        # The client may have closed while this frame was on its way (under load, a transition can
+        # be dispatched before the websocket.disconnect queued behind it). Escaping, the error
+        # would end the consumer without running disconnect(): no release, and the user would
+        # stay online until the reaper. The disconnect that follows cleans up as usual.
+        with contextlib.suppress(*SOCKET_GONE):
+            # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
+            await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
 
     async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
         """Send an `error` frame; the socket stays open."""

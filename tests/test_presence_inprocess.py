@@ -9,6 +9,7 @@ import json
 import uuid
 
 import pytest
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
@@ -229,7 +230,8 @@ async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
     tuan = await Socket.open(acme.token("tuan"))
     await linh.wait_changes(2)
     await tuan.close()
-    assert (await linh.wait_changes(3))[1:] == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
+    tuan_changes = (await linh.wait_changes(3))[1:]
+    assert tuan_changes == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
     await linh.close()
     published = [(e["user"], e["state"]) for e in events(caplog, "presence.published")]
     assert published == [("linh", "online"), ("tuan", "online"), ("tuan", "offline")]
@@ -264,6 +266,35 @@ async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     await asyncio.sleep(0.3)
     assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
     await linh.close()
+
+
+async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme, settings, caplog):
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    gone = asyncio.Event()
+
+    async def closing_app(scope, receive, send):
+        async def send_until_gone(message):
+            # What Daphne does once the client has closed, before the consumer has heard of it.
+            if gone.is_set() and message["type"] == "websocket.send":
+                raise Disconnected("Attempt to send on a closed protocol")
+            await send(message)
+
+        await application(scope, receive, send_until_gone)
+
+    linh = Socket(WebsocketCommunicator(closing_app, f"/v1/ws?token={acme.token('linh')}"))
+    assert (await linh.communicator.connect(timeout=5))[0]
+    await linh.wait_changes(1)
+    tuan = await Socket.open(acme.token("tuan"))
+    await tuan.wait_changes(1)
+    gone.set()
+    await tuan.close()  # its offline is a frame for linh's socket that is gone
+    await asyncio.sleep(0.4)
+    await linh.close()
+    await asyncio.sleep(0.4)
+    # Linh's consumer lived on to run its close: her own offline follows tuan's.
+    published = [(e["user"], e["state"]) for e in events(caplog, "presence.published")]
+    assert published == [("linh", "online"), ("tuan", "online"), ("tuan", "offline"), ("linh", "offline")]
 
 
 async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothing(acme, settings, caplog):

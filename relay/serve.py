@@ -3,8 +3,9 @@
 Daphne runs Twisted on an asyncio loop it creates at import time with
 `asyncio.new_event_loop()`; installing uvloop's policy first makes that loop a uvloop
 one, and every coroutine of the application (the consumer, the channel layer, presence)
-runs on it. It also raises the garbage collector's thresholds and skips a debug-only cost of
-autobahn's. The options are Daphne's own. See docs/performance.md for what each buys.
+runs on it. It also raises the garbage collector's thresholds, skips a debug-only cost of
+autobahn's and leaves Daphne's plain-text access log off unless asked for. The options are
+Daphne's own. See docs/performance.md for what each buys.
 """
 
 import asyncio
@@ -40,7 +41,20 @@ def main(argv: list[str] | None = None) -> None:
     _quiet_autobahn_debug()
     gc.set_threshold(*GC_THRESHOLDS)
 
-    CommandLineInterface().run(sys.argv[1:] if argv is None else argv)
+    CommandLineInterface().run(daphne_arguments(sys.argv[1:] if argv is None else argv))
+
+
+def daphne_arguments(argv: list[str]) -> list[str]:
+    """Daphne's command line, verbosity 0 unless one is given.
+
+    At Daphne's default verbosity (1) every WebSocket writes two plain-text access lines to stdout
+    (`WSCONNECT`, `WSDISCONNECT`), beside Relay's JSON `connection.opened`/`connection.closed`:
+    a log that is no longer one JSON object per line, and two more writes per connection.
+    Verbosity only sets that default; `--access-log -` (or a file) still turns the lines on.
+    """
+    if any(arg in ("-v", "--verbosity") or arg.startswith("--verbosity=") for arg in argv):
+        return argv
+    return ["--verbosity", "0", *argv]
 
 
 if __name__ == "__main__":

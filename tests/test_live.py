@@ -2,6 +2,7 @@
 
 import pytest
 
+from relay.serve import daphne_arguments
 from tests.support import WsClient, http
 
 pytestmark = pytest.mark.live
@@ -36,3 +37,18 @@ async def test_a_real_socket_is_acknowledged_and_a_bad_token_closed_4401(live_in
     opened = instance.events("connection.opened")
     assert [line["user"] for line in opened] == ["linh"]
     assert token not in instance.log_path.read_text()
+    # One JSON object per line: Daphne's plain-text access lines (WSCONNECT ...) stay off.
+    lines = [line for line in instance.log_path.read_text().splitlines() if line.strip()]
+    assert lines and all(line.startswith("{") and line.endswith("}") for line in lines), lines[:5]
+
+
+def test_daphne_runs_quiet_unless_a_verbosity_is_asked_for():
+    assert daphne_arguments(["-p", "8000", "relay.asgi:application"]) == [
+        "--verbosity",
+        "0",
+        "-p",
+        "8000",
+        "relay.asgi:application",
+    ]
+    assert daphne_arguments(["-v", "1", "relay.asgi:application"]) == ["-v", "1", "relay.asgi:application"]
+    assert daphne_arguments(["--verbosity=2", "x:app"]) == ["--verbosity=2", "x:app"]

@@ -65,7 +65,35 @@ def transition_message(
 
 
 def parse_transition(message: dict) -> Transition | None:
-    """Return the message as a Transition, or None when it is not a well-formed one."""
+    """Return the message as a Transition, or None when it is not a well-formed one.
+
+    Every local watcher of a channel receives its own copy of each transition, within
+    milliseconds of the others: the first copy is validated and the outcome (a frozen model, or
+    None) is reused for the identical copies that follow, so a transition costs one validation
+    per process rather than one per watcher.
+    """
+    try:
+        # Each value's type is part of the key: 1 and True are equal, and only one is valid.
+        key = tuple((name, type(value), value) for name, value in sorted(message.items()))
+        parsed = _parsed.get(key, _UNSEEN)
+    except TypeError:
+        # Unhashable values or unsortable keys: not a transition's shape, validate it as it is.
+        return _validate(message)
+    if parsed is _UNSEEN:
+        parsed = _validate(message)
+        if len(_parsed) >= PARSED_MEMORY:
+            _parsed.clear()
+        _parsed[key] = parsed
+    return parsed
+
+
+# How many recent copies' outcomes a process remembers; copies of one transition arrive together.
+PARSED_MEMORY = 1024
+_UNSEEN = object()
+_parsed: dict[tuple, Transition | None] = {}
+
+
+def _validate(message: dict) -> Transition | None:
     try:
         return Transition.model_validate(message)
     except ValidationError:

@@ -311,7 +311,7 @@ class PresenceStore:
             record_failure(op, error)
             return None
         finally:
-            metrics.REDIS_OP_SECONDS.labels(op=op).observe(time.perf_counter() - started)
+            metrics.redis_op_seconds(op).observe(time.perf_counter() - started)
 
     async def admit(self, environment_id: str, user_id: str, connection_id: str) -> tuple[bool, bool] | None:
         """Check the connection limit and run the election: (admitted, won), or None on failure."""
@@ -446,7 +446,7 @@ def online_members() -> dict[str, list[str]] | None:
         record_failure("online_members", error)
         return None
     finally:
-        metrics.REDIS_OP_SECONDS.labels(op="online_members").observe(time.perf_counter() - started)
+        metrics.redis_op_seconds("online_members").observe(time.perf_counter() - started)
     return {environment_id: sorted(users) for environment_id, users in found.items()}
 
 
@@ -464,5 +464,5 @@ def online_flags(subjects: Sequence[tuple[str, str]], op: str = "online_flags") 
         record_failure(op, error)
         return None
     finally:
-        metrics.REDIS_OP_SECONDS.labels(op=op).observe(time.perf_counter() - started)
+        metrics.redis_op_seconds(op).observe(time.perf_counter() - started)
     return [value is not None for value in values]

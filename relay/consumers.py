@@ -234,7 +234,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     # ── sending ──────────────────────────────────────────────────────────────
     async def send_frame(self, frame_type: str, payload: dict) -> None:
         """Send one `{"type", "payload"}` frame."""
-        metrics.FRAMES_OUT.labels(type=frame_type).inc()
+        metrics.frames_out(frame_type).inc()
         # The client may have closed while this frame was on its way (under load, a transition can
         # be dispatched before the websocket.disconnect queued behind it). Escaping, the error
         # would end the consumer without running disconnect(): no release, and the user would

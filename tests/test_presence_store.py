@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from presence import fabric
 from presence.fabric import Dedup, Transition, parse_transition, subject_of, transition_message
 from presence.store import (
     DEADLINES,
@@ -256,3 +257,28 @@ def test_a_well_formed_transition_parses_and_anything_else_does_not():
         assert parse_transition(bad) is None
     assert subject_of(good) == f"presence.{channel}"
     assert subject_of({"channel": "nope"}) == "presence.unknown"
+
+
+def test_identical_copies_are_validated_once_and_a_different_value_or_type_again(monkeypatch):
+    validated = []
+    monkeypatch.setattr(fabric, "_validate", lambda message: validated.append(message) or Transition(**message))
+    monkeypatch.setattr(fabric, "_parsed", {})
+    good = transition_message("linh", "online", str(uuid.uuid4()), str(uuid.uuid4()), copies=1)
+    first = parse_transition(dict(good))
+    # Each watcher's own copy (an equal dict, not the same one) is the same outcome, validated once.
+    assert parse_transition(dict(good)) is first
+    assert len(validated) == 1
+    monkeypatch.undo()
+    # Equal in Python but not the same value on the fabric: judged on its own.
+    assert parse_transition({**good, "copies": True}) is None
+    assert parse_transition(good) == first
+    assert parse_transition({**good, "user": ["not", "hashable"]}) is None
+
+
+def test_the_memory_of_parsed_copies_stays_bounded(monkeypatch):
+    monkeypatch.setattr(fabric, "PARSED_MEMORY", 4)
+    monkeypatch.setattr(fabric, "_parsed", {})
+    channel = str(uuid.uuid4())
+    for index in range(10):
+        assert parse_transition(transition_message(f"u{index}", "online", str(uuid.uuid4()), channel)) is not None
+        assert 1 <= len(fabric._parsed) <= 4

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 from presence import actions, reads
 from presence.fabric import TRANSITION, Dedup, group_name, parse_transition, subject_of
 from relay import metrics, registry
-from relay.exceptions import ConnectionRefused
 from relay.logging import log_event
 
 if TYPE_CHECKING:
@@ -31,18 +30,16 @@ class PresenceExtension(registry.Extension):
         """The co-members (and the user) whose presence the snapshot reports, in the connect's database hop."""
         return reads.co_member_ids(str(user.environment_id), user.external_id, channel_ids)
 
+    def group(self, channel_id: str) -> str:
+        # Joined by the consumer BEFORE the election (`admit`): the subject hears its own
+        # `online`, and a watcher never misses a transition raced with its own connect (it is
+        # queued behind the snapshot, whose read is in the election's round trip, after the join).
+        return group_name(channel_id)
+
     async def admit(self, conn: "GatewayConsumer") -> None:
         conn.state[STATE_KEY] = Dedup()
-        # Groups BEFORE the election: the subject hears its own `online`, and a watcher never
-        # misses a transition raced with its own connect (it is queued behind the snapshot, whose
-        # read is in the election's round trip, after the join).
-        await _join(conn, conn.channel_ids)
         watch = conn.loaded.get(self)
-        try:
-            online = await actions.service().connect(conn, watch or ())
-        except ConnectionRefused:
-            await _leave(conn, conn.channel_ids)
-            raise
+        online = await actions.service().connect(conn, watch or ())
         if watch is not None:
             conn.state[SNAPSHOT_KEY] = sorted(online or [])
 
@@ -54,26 +51,10 @@ class PresenceExtension(registry.Extension):
         await conn.send_frame("presence.snapshot", {"online": online})
 
     async def closed(self, conn: "GatewayConsumer") -> None:
-        await _leave(conn, conn.channel_ids)
+        # Membership changes need nothing more: the consumer follows them with the groups, and the
+        # service reads `conn.channel_ids`, the very set the consumer keeps current, so the user's
+        # own later transitions go to the channels of now.
         await actions.service().disconnect(conn)
-
-    async def channel_added(self, conn: "GatewayConsumer", channel_id: str) -> None:
-        # `conn.channel_ids` already holds the channel, and the service reads that very set,
-        # so the user's own later transitions reach it too.
-        await conn.channel_layer.group_add(group_name(channel_id), conn.channel_name)
-
-    async def channel_removed(self, conn: "GatewayConsumer", channel_id: str) -> None:
-        await conn.channel_layer.group_discard(group_name(channel_id), conn.channel_name)
-
-
-async def _join(conn: "GatewayConsumer", channel_ids: set[str]) -> None:
-    for channel_id in sorted(channel_ids):
-        await conn.channel_layer.group_add(group_name(channel_id), conn.channel_name)
-
-
-async def _leave(conn: "GatewayConsumer", channel_ids: set[str]) -> None:
-    for channel_id in sorted(channel_ids):
-        await conn.channel_layer.group_discard(group_name(channel_id), conn.channel_name)
 
 
 @registry.event(TRANSITION)

@@ -113,17 +113,19 @@ async def message_created(conn: "GatewayConsumer", event: dict) -> None:
 
 # ── connection hooks ─────────────────────────────────────────────────────────
 class Messages(registry.Extension):
-    """Joins the `messages.<channel>` groups and runs a connection's resume."""
+    """Names the `messages.<channel>` groups and runs a connection's resume."""
 
     # After presence's hooks, so `presence.snapshot` goes out right after
     # `connection.ack` and the backfill starts behind it.
     order = 200
 
+    def group(self, channel_id: str) -> str:
+        # Joined before anything is read (the consumer does it before `admit`), so no message
+        # falls between a resume's read and the live ones.
+        return messages_group(channel_id)
+
     async def admit(self, conn: "GatewayConsumer") -> None:
-        """Join a group per channel before anything is read, so no message falls between read and live."""
         conn.state[STATE_KEY] = Stream()
-        for channel_id in sorted(conn.channel_ids):
-            await conn.channel_layer.group_add(messages_group(channel_id), conn.channel_name)
 
     async def opened(self, conn: "GatewayConsumer") -> None:
         """Start the resume the `cursor` asks for, in its own task, so no other frame waits for it."""
@@ -147,21 +149,14 @@ class Messages(registry.Extension):
         stream.backfill = asyncio.create_task(backfill(conn, stream, positions))
 
     async def closed(self, conn: "GatewayConsumer") -> None:
-        """Stop the resume and leave the groups."""
+        """Stop the resume (the consumer leaves the groups)."""
         backfill_task = conn.state[STATE_KEY].backfill
         if backfill_task is not None:
             backfill_task.cancel()
-        for channel_id in sorted(conn.channel_ids):
-            await conn.channel_layer.group_discard(messages_group(channel_id), conn.channel_name)
-
-    async def channel_added(self, conn: "GatewayConsumer", channel_id: str) -> None:
-        """Start receiving the new channel's messages."""
-        await conn.channel_layer.group_add(messages_group(channel_id), conn.channel_name)
 
     async def channel_removed(self, conn: "GatewayConsumer", channel_id: str) -> None:
-        """Stop receiving the channel's messages at once, held ones included."""
+        """Stop delivering the channel's messages at once, held ones included."""
         conn.state[STATE_KEY].held.pop(channel_id, None)
-        await conn.channel_layer.group_discard(messages_group(channel_id), conn.channel_name)
 
 
 registry.extension(Messages())

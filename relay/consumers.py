@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -24,6 +25,7 @@ from relay import membership, metrics, registry
 from relay.connect_reads import channel_ids_of_user
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
 from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
+from relay.layers import group_add_many, group_discard_many
 from relay.logging import log_event
 from relay.models import User
 from relay.tokens import verify_token
@@ -115,12 +117,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if not self.bus.listen(self.user.pk, self.channel_name, since):
             # More changes than the bus remembers came by during the read: read again.
             self.channel_ids = await channels_of(self.user)
+        # Every app's groups, before any admit reads anything (registry.Extension.group).
+        await group_add_many(self.channel_layer, self._groups(self.channel_ids), self.channel_name)
         try:
             for ext in registry.extensions:
                 await ext.admit(self)
                 self.admitted.append(ext)
         except ConnectionRefused as refusal:
             metrics.REFUSED.labels(code=str(refusal.code)).inc()
+            await self._leave_groups()
             await self._release()
             self.bus.forget(self.user.pk, self.channel_name)
             await self.accept()
@@ -144,10 +149,26 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if not self.is_open:
             return
         self.bus.forget(self.user.pk, self.channel_name)
+        await self._leave_groups()
         await self._release()
         metrics.CLOSES.inc()
         metrics.CONNECTIONS_OPEN.dec()
         log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
+
+    def _groups(self, channel_ids: Iterable[str]) -> list[str]:
+        """Every extension's group of each of `channel_ids`."""
+        return [
+            group
+            for channel_id in sorted(channel_ids)
+            for ext in registry.extensions
+            if (group := ext.group(channel_id)) is not None
+        ]
+
+    async def _leave_groups(self) -> None:
+        with contextlib.suppress(Exception):
+            # Redis away: the subscriptions go with the process's pub/sub connection anyway, and
+            # the apps' close hooks that follow must still run.
+            await group_discard_many(self.channel_layer, self._groups(self.channel_ids), self.channel_name)
 
     async def _release(self) -> None:
         for ext in reversed(self.admitted):
@@ -224,10 +245,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         channel_id = event["channel"]
         if event["member"] and channel_id not in self.channel_ids:
             self.channel_ids.add(channel_id)
+            await group_add_many(self.channel_layer, self._groups([channel_id]), self.channel_name)
             for ext in self.admitted:
                 await self._guarded(ext.channel_added, "channel_added", channel_id)
         elif not event["member"] and channel_id in self.channel_ids:
+            # Out of `channel_ids` first: every app drops the channel's events from here on, even
+            # those already queued for this connection.
             self.channel_ids.discard(channel_id)
+            await group_discard_many(self.channel_layer, self._groups([channel_id]), self.channel_name)
             for ext in self.admitted:
                 await self._guarded(ext.channel_removed, "channel_removed", channel_id)
 

@@ -14,12 +14,13 @@ format) with two changes, both measured in docs/performance.md:
 - `group_send_many()`: several group messages in ONE pipelined round trip (a presence transition
   goes to every channel of its user). Publishes also no longer queue behind each other on the
   shard's lock, which only guards subscription changes.
-
+- `group_add_many()` / `group_discard_many()`: a connection's groups joined (left) with one
+  SUBSCRIBE (UNSUBSCRIBE) for those new to (left by) the process.
 - `publications()`: the (Redis channel, payload) a group send would PUBLISH, so a Lua script on
   the same Redis can publish a presence transition in the round trip that decides it.
 
-`group_send_many(layer, sends)` works with any layer: it falls back to one `group_send` each;
-`publications(layer, ...)` answers None for any other layer.
+`group_send_many(layer, sends)`, `group_add_many` and `group_discard_many` work with any layer,
+one call each; `publications(layer, ...)` answers None for any other layer.
 """
 
 import asyncio
@@ -58,6 +59,26 @@ async def group_send_many(layer: object, sends: Sequence[tuple[str, dict]]) -> N
         raise errors[0]
 
 
+async def group_add_many(layer: object, groups: Sequence[str], channel: str) -> None:
+    """Add `channel` to each group: in one SUBSCRIBE per Redis host when the layer supports it."""
+    batch = getattr(layer, "group_add_many", None)
+    if batch is not None:
+        await batch(groups, channel)
+        return
+    for group in groups:
+        await layer.group_add(group, channel)
+
+
+async def group_discard_many(layer: object, groups: Sequence[str], channel: str) -> None:
+    """Remove `channel` from each group: in one UNSUBSCRIBE per Redis host when the layer supports it."""
+    batch = getattr(layer, "group_discard_many", None)
+    if batch is not None:
+        await batch(groups, channel)
+        return
+    for group in groups:
+        await layer.group_discard(group, channel)
+
+
 def publications(layer: object, sends: Sequence[tuple[str, dict]], redis_url: str) -> list[tuple[str, bytes]] | None:
     """What PUBLISHing each (group, message) on the Redis at `redis_url` means on this layer.
 
@@ -77,31 +98,53 @@ class _Shard(RedisSingleShardConnection):
         self._subscribed = asyncio.Event()
 
     async def subscribe(self, channel: str) -> None:
-        """Subscribe, and return once Redis has CONFIRMED it (channels-redis returns on sending).
+        """Subscribe to one channel (see `subscribe_many`)."""
+        await self.subscribe_many([channel])
 
-        A group message published after `group_add` returned (say, right after the client's ack)
-        must reach the new member; on its own pool connection that PUBLISH can overtake a
-        SUBSCRIBE still in flight on the pub/sub connection.
+    async def subscribe_many(self, channels: Sequence[str]) -> None:
+        """Subscribe in one SUBSCRIBE, and return once Redis has CONFIRMED every channel.
+
+        (channels-redis returns on sending.) A group message published after `group_add`
+        returned (say, right after the client's ack) must reach the new member; on its own pool
+        connection that PUBLISH can overtake a SUBSCRIBE still in flight on the pub/sub connection.
         """
+        waits: dict[str, asyncio.Future] = {}
         async with self._lock:
-            confirmed = self._confirming.get(channel)
-            if confirmed is None and channel not in self._subscribed_to:
+            new = []
+            for channel in dict.fromkeys(channels):
+                confirmed = self._confirming.get(channel)
+                if confirmed is None and channel not in self._subscribed_to:
+                    confirmed = self._confirming[channel] = asyncio.get_running_loop().create_future()
+                    new.append(channel)
+                if confirmed is not None:
+                    waits[channel] = confirmed
+            if new:
                 self._ensure_redis()
                 self._ensure_receiver()
-                confirmed = self._confirming[channel] = asyncio.get_running_loop().create_future()
-                await self._pubsub.subscribe(channel)
-                self._subscribed_to.add(channel)
+                await self._pubsub.subscribe(*new)
+                self._subscribed_to.update(new)
                 self._subscribed.set()
-        if confirmed is not None:
+        if waits:
             try:
-                await asyncio.wait_for(asyncio.shield(confirmed), CONFIRM_SECONDS)
+                await asyncio.wait_for(asyncio.shield(asyncio.gather(*waits.values())), CONFIRM_SECONDS)
             except TimeoutError:
                 # Sent and remembered: redis-py subscribes again on a reconnect. Waiting longer
                 # would only stall connects while Redis is away.
                 pass
             finally:
-                if self._confirming.get(channel) is confirmed and confirmed.done():
-                    del self._confirming[channel]
+                for channel, confirmed in waits.items():
+                    if self._confirming.get(channel) is confirmed and confirmed.done():
+                        del self._confirming[channel]
+
+    async def unsubscribe_many(self, channels: Sequence[str]) -> None:
+        """Unsubscribe from every channel subscribed to, in one UNSUBSCRIBE."""
+        async with self._lock:
+            gone = [channel for channel in dict.fromkeys(channels) if channel in self._subscribed_to]
+            if gone:
+                self._ensure_redis()
+                self._ensure_receiver()
+                await self._pubsub.unsubscribe(*gone)
+                self._subscribed_to.difference_update(gone)
 
     async def _do_receiving(self) -> None:
         # channels-redis's loop, but reading subscribe confirmations instead of discarding them.
@@ -219,6 +262,31 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         # A consumer that has gone is like an unsubscribed channel: the message is dropped.
         if queue is not None:
             queue.put_nowait(self.channel_layer.serialize(message))
+
+    async def group_add_many(self, groups: Sequence[str], channel: str) -> None:
+        """`group_add` to every group, with one SUBSCRIBE per shard for the groups new to this process."""
+        if channel not in self.channels:
+            raise RuntimeError("group_add_many() takes channels that exist in this process")
+        by_shard: dict[_Shard, list[str]] = {}
+        for group in groups:
+            name = self._get_group_channel_name(group)
+            self.groups.setdefault(name, set()).add(channel)
+            by_shard.setdefault(self._get_shard(name), []).append(name)
+        await asyncio.gather(*(shard.subscribe_many(names) for shard, names in by_shard.items()))
+
+    async def group_discard_many(self, groups: Sequence[str], channel: str) -> None:
+        """`group_discard` from every group, with one UNSUBSCRIBE per shard for the groups left empty."""
+        by_shard: dict[_Shard, list[str]] = {}
+        for group in groups:
+            name = self._get_group_channel_name(group)
+            members = self.groups.get(name)
+            if members is None or channel not in members:
+                continue
+            members.discard(channel)
+            if not members:
+                del self.groups[name]
+                by_shard.setdefault(self._get_shard(name), []).append(name)
+        await asyncio.gather(*(shard.unsubscribe_many(names) for shard, names in by_shard.items()))
 
     async def group_send_many(self, sends: Sequence[tuple[str, dict]]) -> None:
         """Send each (group, message) in one pipelined round trip per shard."""

@@ -54,8 +54,18 @@ class Extension:
         An exception is logged and leaves `conn.loaded` without this extension's entry.
         """
 
+    def group(self, channel_id: str) -> str | None:
+        """The channel-layer group this extension's events of `channel_id` travel through, if any.
+
+        The consumer joins the groups of every extension for all of the user's channels in one
+        call before `admit` (so nothing published after it is missed: a snapshot or a backfill
+        read in `admit`/`opened` converges with what arrives live), follows membership changes,
+        and leaves them when the socket closes or is refused.
+        """
+        return None
+
     async def admit(self, conn: "GatewayConsumer") -> None:
-        """Before accept: check limits, join groups. Raise ConnectionRefused to refuse."""
+        """Before accept, the groups joined: check limits. Raise ConnectionRefused to refuse."""
 
     async def opened(self, conn: "GatewayConsumer") -> None:
         """After `connection.ack` was sent."""

@@ -22,7 +22,13 @@ from presence.fabric import Dedup, parse_transition, transition_message
 from relay import consumers, membership, tokens
 from relay.asgi import application
 from relay.exceptions import InvalidToken
-from relay.layers import RelayPubSubChannelLayer, group_send_many, publications
+from relay.layers import (
+    RelayPubSubChannelLayer,
+    group_add_many,
+    group_discard_many,
+    group_send_many,
+    publications,
+)
 from relay.models import Environment
 from relay.tokens import verify_token
 
@@ -276,6 +282,52 @@ async def test_group_send_many_falls_back_to_one_group_send_each_on_other_layers
         await group_send_many(layer, [(group, {"type": "t", "group": group}) for group in members])
         for group, channel in members.items():
             assert await layer.receive(channel) == {"type": "t", "group": group}
+    finally:
+        await layer.flush()
+
+
+def _unsubscribes(redis_client) -> int:
+    return redis_client.info("commandstats").get("cmdstat_unsubscribe", {}).get("calls", 0)
+
+
+async def test_a_connections_groups_are_joined_with_one_subscribe_and_confirmed(redis_url, redis_client):
+    layer = _layer(redis_url)
+    try:
+        first, second = await layer.new_channel(), await layer.new_channel()
+        await layer.group_add("g.shared", second)
+        subscribes = _subscribes(redis_client)
+        await group_add_many(layer, ["g.a", "g.b", "g.shared"], first)
+        # One SUBSCRIBE for the two groups new to the process; the shared one was already there.
+        assert _subscribes(redis_client) == subscribes + 1
+        numsub = dict(redis_client.pubsub_numsub("relay__group__g.a", "relay__group__g.b"))
+        assert numsub == {"relay__group__g.a": 1, "relay__group__g.b": 1}
+        await _layer(redis_url).group_send("g.b", {"type": "ping"})
+        assert await layer.receive(first) == {"type": "ping"}
+
+        unsubscribes = _unsubscribes(redis_client)
+        await group_discard_many(layer, ["g.a", "g.b", "g.shared"], first)
+        # One UNSUBSCRIBE, for the groups nobody here is left in; the other member keeps g.shared.
+        assert _unsubscribes(redis_client) == unsubscribes + 1
+        assert dict(redis_client.pubsub_numsub("relay__group__g.a"))["relay__group__g.a"] == 0
+        await _layer(redis_url).group_send("g.shared", {"type": "still"})
+        assert await layer.receive(second) == {"type": "still"}
+    finally:
+        await layer.flush()
+
+
+async def test_joining_and_leaving_many_falls_back_to_one_call_each_on_other_layers(redis_url):
+    from channels_redis.core import RedisChannelLayer
+
+    layer = RedisChannelLayer(hosts=[redis_url], prefix="relay-core-many")
+    try:
+        channel = await layer.new_channel()
+        await group_add_many(layer, ["g.one", "g.two"], channel)
+        await layer.group_send("g.two", {"type": "t"})
+        assert await layer.receive(channel) == {"type": "t"}
+        await group_discard_many(layer, ["g.one", "g.two"], channel)
+        await layer.group_send("g.two", {"type": "gone"})
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(layer.receive(channel), 0.3)
     finally:
         await layer.flush()
 

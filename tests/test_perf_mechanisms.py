@@ -29,7 +29,7 @@ from relay.layers import (
     group_send_many,
     publications,
 )
-from relay.models import Environment
+from relay.models import Environment, User
 from relay.tokens import verify_token
 
 # ── the signing-secret cache ─────────────────────────────────────────────────
@@ -49,6 +49,18 @@ def _signed(environment: Environment, secret: str, user_id: str) -> str:
 
 def _environment_reads(queries: CaptureQueriesContext) -> int:
     return sum('FROM "relay_environment"' in query["sql"] for query in queries.captured_queries)
+
+
+def test_a_connect_reads_the_users_ids_only_and_the_rest_loads_on_first_access(acme):
+    with CaptureQueriesContext(connection) as connect:
+        user = verify_token(acme.token("linh"))
+    stored = User.objects.get(pk=user.pk)
+    assert (user.environment_id, user.external_id) == (stored.environment_id, stored.external_id)
+    assert user.environment == acme.environment  # the cached environment, no query
+    assert user.get_deferred_fields() == {"name", "created_at"}
+    assert [query["sql"].count('"relay_user"."name"') for query in connect.captured_queries] == [0, 0]
+    assert (user.name, user.created_at) == (stored.name, stored.created_at)
+    assert user.get_deferred_fields() == set()
 
 
 def test_the_secret_is_read_once_then_served_from_the_cache(acme):

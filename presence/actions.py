@@ -68,9 +68,8 @@ class Held:
         return set(next(reversed(self.connections.values()), set()))
 
 
-def _group_sends(user_id: str, state: State, channels: Sequence[str]) -> list[tuple[str, dict]]:
-    """One transition, its id minted once, as a message for the group of each of `channels`."""
-    transition_id = str(uuid.uuid4())
+def _group_sends(user_id: str, state: State, channels: Sequence[str], transition_id: str) -> list[tuple[str, dict]]:
+    """One transition as a message for the group of each of `channels`."""
     return [
         (group_name(channel_id), transition_message(user_id, state, transition_id, channel_id, copies=len(channels)))
         for channel_id in channels
@@ -81,6 +80,20 @@ def _published(user_id: str, state: State, channels: int) -> None:
     metrics.PRESENCE_PUBLISHED.labels(state=state).inc()
     # `channels` is a count: the list would be a membership graph in a log file.
     log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What a connection's admission found: who of those asked is online, and its own `online`.
+
+    `online` is None when Redis did not answer. `announced` is the id of the `online` this
+    connection's election published to the user's channels (`copies` of them), None when it
+    published nothing.
+    """
+
+    online: list[str] | None
+    announced: str | None
+    copies: int = 0
 
 
 def suppressed(user_id: str, state: State, reason: str) -> None:
@@ -112,14 +125,14 @@ class PresenceService:
         self._invalid_seen: dict[int, float] = {}
 
     # ── connections ──────────────────────────────────────────────────────────
-    async def connect(self, conn: "GatewayConsumer", watch: Sequence[str] = ()) -> list[str] | None:
+    async def connect(self, conn: "GatewayConsumer", watch: Sequence[str] = ()) -> "Admitted":
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
-        Returns which of `watch` are online (read in the same round trip, after the election), or
-        None when Redis did not answer. Raises ConnectionRefused(4429) when the user already holds
-        the maximum of connections anywhere; nothing is changed then. With Redis unreachable the
-        connection is admitted (presence must not take sockets down with it) and the refresh
-        announces it later.
+        Returns which of `watch` are online (read in the same round trip, after the election;
+        None when Redis did not answer) and the id of the `online` this connection published, if
+        it did. Raises ConnectionRefused(4429) when the user already holds the maximum of
+        connections anywhere; nothing is changed then. With Redis unreachable the connection is
+        admitted (presence must not take sockets down with it) and the refresh announces it later.
         """
         subject = (conn.environment_id, conn.user_id)
         # Registered before the await, so a close of another local connection racing this one
@@ -128,25 +141,29 @@ class PresenceService:
         held.connections[conn.connection_id] = conn.channel_ids
         self._ensure_ticker()
         channels = sorted(conn.channel_ids)
+        transition_id = str(uuid.uuid4())
         # Prepared whether or not this connection wins: Redis publishes them in the election's own
         # round trip when it does (when the layer's groups live on the presence Redis).
-        publish = self._in_store("online", conn.user_id, channels)
+        publish = self._in_store("online", conn.user_id, channels, transition_id)
         admission = await self.store.admission(
             conn.environment_id, conn.user_id, conn.connection_id, watch, publish or ()
         )
         if admission is None:
-            return None
+            return Admitted(online=None, announced=None)
         if not admission.admitted:
             self._forget(subject, conn.connection_id)
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.confirmed = True
-        if admission.won and publish is not None:
-            _published(conn.user_id, "online", len(channels))
-        elif admission.won:
-            await self.publish(conn.environment_id, conn.user_id, "online", channels)
-        else:
+        if not admission.won:
             suppressed(conn.user_id, "online", ALREADY_ONLINE)
-        return admission.online
+            return Admitted(online=admission.online, announced=None)
+        if publish is not None:
+            _published(conn.user_id, "online", len(channels))
+        elif not await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id):
+            return Admitted(online=admission.online, announced=None)
+        if not channels:
+            return Admitted(online=admission.online, announced=None)
+        return Admitted(online=admission.online, announced=transition_id, copies=len(channels))
 
     async def disconnect(self, conn: "GatewayConsumer") -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
@@ -201,14 +218,15 @@ class PresenceService:
     async def _grace_check(self, subject: Subject, channels: set[str]) -> None:
         environment_id, user_id = subject
         ordered = sorted(channels)
-        publish = self._in_store("offline", user_id, ordered)
+        transition_id = str(uuid.uuid4())
+        publish = self._in_store("offline", user_id, ordered, transition_id)
         outcome = await self.store.grace_check(environment_id, user_id, publish or ())
         if outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
         elif outcome == 1 and publish is not None:
             _published(user_id, "offline", len(ordered))
         elif outcome == 1:
-            await self.publish(environment_id, user_id, "offline", ordered)
+            await self.publish(environment_id, user_id, "offline", ordered, transition_id)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
@@ -274,20 +292,34 @@ class PresenceService:
             await self.publish(environment_id, user_id, "offline", channels)
 
     # ── publishing ───────────────────────────────────────────────────────────
-    async def publish(self, environment_id: str, user_id: str, state: State, channel_ids: Iterable[str]) -> None:
-        """Send one transition, with an id minted once, to the group of each of the user's channels."""
+    async def publish(
+        self,
+        environment_id: str,
+        user_id: str,
+        state: State,
+        channel_ids: Iterable[str],
+        transition_id: str | None = None,
+    ) -> bool:
+        """Send one transition, its id minted once, to the group of each of the user's channels.
+
+        Returns whether it went out (a failure is logged as `presence.failed`).
+        """
         if self.closed:
-            return
+            return False
         channels = sorted(channel_ids)
+        sends = _group_sends(user_id, state, channels, transition_id or str(uuid.uuid4()))
         try:
             # One pipelined round trip for all of the user's channels (relay.layers).
-            await group_send_many(get_channel_layer(), _group_sends(user_id, state, channels))
+            await group_send_many(get_channel_layer(), sends)
         except Exception as error:
             record_failure("publish", error)
-            return
+            return False
         _published(user_id, state, len(channels))
+        return True
 
-    def _in_store(self, state: State, user_id: str, channels: Sequence[str]) -> list[tuple[str, bytes]] | None:
+    def _in_store(
+        self, state: State, user_id: str, channels: Sequence[str], transition_id: str
+    ) -> list[tuple[str, bytes]] | None:
         """The transition as PUBLISHes for a presence script to send, or None when it cannot.
 
         It can when the channel layer's groups live on the presence Redis (the default: one
@@ -296,7 +328,7 @@ class PresenceService:
         """
         if self.closed:
             return None  # `publish` then declines too: nothing goes out after a shutdown began
-        return publications(get_channel_layer(), _group_sends(user_id, state, channels), self.store.url)
+        return publications(get_channel_layer(), _group_sends(user_id, state, channels, transition_id), self.store.url)
 
     # ── the fabric ───────────────────────────────────────────────────────────
     def first_sight_of_invalid(self, message: dict) -> bool:

@@ -17,6 +17,8 @@ logger = logging.getLogger("presence")
 STATE_KEY = "presence"
 # Who of the co-members was online at the election, read in its round trip; sent after the ack.
 SNAPSHOT_KEY = "presence.snapshot"
+# The `online` this connection's election published, if it did: (transition id, copies).
+ANNOUNCED_KEY = "presence.announced"
 
 
 class PresenceExtension(registry.Extension):
@@ -39,9 +41,11 @@ class PresenceExtension(registry.Extension):
     async def admit(self, conn: "GatewayConsumer") -> None:
         conn.state[STATE_KEY] = Dedup()
         watch = conn.loaded.get(self)
-        online = await actions.service().connect(conn, watch or ())
+        admitted = await actions.service().connect(conn, watch or ())
         if watch is not None:
-            conn.state[SNAPSHOT_KEY] = sorted(online or [])
+            conn.state[SNAPSHOT_KEY] = sorted(admitted.online or [])
+        if admitted.announced is not None:
+            conn.state[ANNOUNCED_KEY] = (admitted.announced, admitted.copies)
 
     async def opened(self, conn: "GatewayConsumer") -> None:
         online = conn.state.pop(SNAPSHOT_KEY, None)
@@ -49,6 +53,13 @@ class PresenceExtension(registry.Extension):
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
         await conn.send_frame("presence.snapshot", {"online": online})
+        announced = conn.state.pop(ANNOUNCED_KEY, None)
+        if announced is not None:
+            # The user's own `online`, which this connection published, is delivered to it here,
+            # in the same write as the ack and the snapshot, rather than after a trip through
+            # Redis and the channel layer; its copies on the fabric are dropped when they come.
+            conn.state[STATE_KEY].sent_ahead(*announced)
+            await conn.send_frame("presence.changed", {"user": conn.user_id, "state": "online"})
 
     async def closed(self, conn: "GatewayConsumer") -> None:
         # Membership changes need nothing more: the consumer follows them with the groups, and the
@@ -74,7 +85,9 @@ async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
     dedup = conn.state.get(STATE_KEY)
     if dedup is None:
         return
-    if not transition.single and not dedup.claim(transition.transition):
+    if dedup.drop_sent_ahead(transition.transition) or (
+        not transition.single and not dedup.claim(transition.transition)
+    ):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
     await conn.send_frame("presence.changed", {"user": transition.user, "state": transition.state})

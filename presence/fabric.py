@@ -112,12 +112,30 @@ def subject_of(message: dict) -> str:
 
 
 class Dedup:
-    """The ids of the last `size` transitions one connection delivered."""
+    """The ids of the last `size` transitions one connection delivered, and the one it sent ahead."""
+
+    # Slots: one of these lives on every idle connection.
+    __slots__ = ("_ahead", "_ahead_copies", "_seen", "size")
 
     def __init__(self, size: int = DEDUP_WINDOW) -> None:
         self.size = size
         # A plain dict keeps insertion order too, without OrderedDict's linked list per entry.
         self._seen: dict[str, None] = {}
+        self._ahead: str | None = None
+        self._ahead_copies = 0
+
+    def sent_ahead(self, transition_id: str, copies: int) -> None:
+        """The connection delivered this transition itself; its `copies` copies on the fabric are drops."""
+        self._ahead, self._ahead_copies = transition_id, copies
+
+    def drop_sent_ahead(self, transition_id: str) -> bool:
+        """True for a copy of the transition sent ahead (forgotten with its last copy)."""
+        if transition_id != self._ahead:
+            return False
+        self._ahead_copies -= 1
+        if self._ahead_copies <= 0:
+            self._ahead = None
+        return True
 
     def claim(self, transition_id: str) -> bool:
         """True the first time an id is seen, False for every later copy."""

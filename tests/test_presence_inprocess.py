@@ -107,6 +107,10 @@ async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_
     await linh.next_of("presence.snapshot")
     assert linh.frames[0]["type"] == "connection.ack"
     assert linh.frames[1] == {"type": "presence.snapshot", "payload": {"online": ["linh", "tuan"]}}
+    # Her own online, which her election published, is hers straight after the snapshot; the
+    # copies coming back through Redis (one per shared channel) are dropped.
+    assert await linh.wait_changes(1) == [{"user": "linh", "state": "online"}]
+    assert linh.frames[2] == {"type": "presence.changed", "payload": {"user": "linh", "state": "online"}}
     # hermit shares nobody's channel: his snapshot is himself alone, not linh or tuan.
     hermit = await Socket.open(acme.token("hermit"))
     assert await hermit.next_of("presence.snapshot") == {"online": ["hermit"]}

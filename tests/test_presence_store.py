@@ -259,6 +259,17 @@ def test_a_well_formed_transition_parses_and_anything_else_does_not():
     assert subject_of({"channel": "nope"}) == "presence.unknown"
 
 
+def test_a_transition_sent_ahead_drops_exactly_its_copies():
+    dedup = Dedup()
+    assert dedup.drop_sent_ahead("t1") is False
+    dedup.sent_ahead("t1", copies=2)
+    assert dedup.drop_sent_ahead("t2") is False
+    assert [dedup.drop_sent_ahead("t1"), dedup.drop_sent_ahead("t1")] == [True, True]
+    # Both copies came: the id is forgotten, and nothing was written to the window for it.
+    assert dedup.drop_sent_ahead("t1") is False
+    assert len(dedup) == 0
+
+
 def test_identical_copies_are_validated_once_and_a_different_value_or_type_again(monkeypatch):
     validated = []
     monkeypatch.setattr(fabric, "_validate", lambda message: validated.append(message) or Transition(**message))

@@ -10,6 +10,7 @@ Daphne's own. See docs/performance.md for what each buys.
 
 import asyncio
 import gc
+import logging
 import sys
 
 import uvloop
@@ -26,9 +27,21 @@ def _quiet_autobahn_debug() -> None:
     # autobahn pretty-prints every connection's ~40 settings for a DEBUG line it builds eagerly,
     # logged or not: 4 % of the event loop's time during a connect burst (docs/performance.md).
     # The line stays, with the settings replaced by a note.
+    import autobahn.util
     import autobahn.websocket.protocol
 
     autobahn.websocket.protocol.pformat = lambda _settings: "(settings not formatted: relay.serve)"
+    # The same for the arguments of its per-frame debug lines (every sendData: four click.style()
+    # calls for terminal colours): autobahn's own plain-text path, as if click were not installed.
+    autobahn.util._HAS_CLICK = False
+
+
+def _lean_log_records() -> None:
+    # Relay's formatters never show a record's thread or process; collecting them (names, ids,
+    # multiprocessing lookups) was a third of a log record's cost, two records per connect.
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from daphne.cli import CommandLineInterface
 
     _quiet_autobahn_debug()
+    _lean_log_records()
     gc.set_threshold(*GC_THRESHOLDS)
 
     CommandLineInterface().run(daphne_arguments(sys.argv[1:] if argv is None else argv))

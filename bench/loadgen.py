@@ -130,8 +130,13 @@ async def _subject_cycle(url: str, hold: float, opened: dict, key: str) -> None:
         await ws.close()
 
 
-async def _paced(subjects: list[tuple[str, str]], rate: float, hold: float, opened: dict) -> float:
-    """Start subject cycles at `rate` per second; return the rate actually achieved."""
+async def _paced(
+    subjects: list[tuple[str, str]], rate: float, hold: float, opened: dict
+) -> tuple[float, asyncio.Future]:
+    """Start subject cycles at `rate` per second.
+
+    Returns the rate actually achieved and a future of every cycle's end (the last closes).
+    """
     tasks = []
     started = time.perf_counter()
     for index, (user, url) in enumerate(subjects):
@@ -141,11 +146,14 @@ async def _paced(subjects: list[tuple[str, str]], rate: float, hold: float, open
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(_subject_cycle(url, hold, opened, user)))
     elapsed = time.perf_counter() - started
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    failures = [r for r in results if isinstance(r, BaseException)]
+    return (len(subjects) / elapsed if elapsed > 0 else rate), asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _ended(cycles: asyncio.Future) -> None:
+    """Wait for every subject cycle; report the failures."""
+    failures = [result for result in await cycles if isinstance(result, BaseException)]
     if failures:
         progress(f"{len(failures)} subject connections failed, first: {failures[0]!r}")
-    return len(subjects) / elapsed if elapsed > 0 else rate
 
 
 def _latencies(watchers_by_user: dict[str, list[Watcher]], opened: dict, state: str) -> tuple[list[float], int]:
@@ -176,7 +184,8 @@ async def notify(job: dict) -> None:
     all_watchers, watchers_by_user = await _open_watchers(job)
     progress(f"{len(all_watchers)} watchers ready; {len(job['subjects'])} subjects at {job['rate']}/s")
     opened: dict[str, float] = {}
-    achieved = await _paced([(s["user"], s["url"]) for s in job["subjects"]], job["rate"], job["hold"], opened)
+    achieved, cycles = await _paced([(s["user"], s["url"]) for s in job["subjects"]], job["rate"], job["hold"], opened)
+    await _ended(cycles)
     await asyncio.sleep(job.get("settle", 1.0))
     values, missing = _latencies(watchers_by_user, opened, "online")
     await asyncio.gather(*(w.close() for w in all_watchers), return_exceptions=True)
@@ -196,12 +205,19 @@ async def churn(job: dict) -> None:
     all_watchers, watchers_by_user = await _open_watchers(job)
     frames_before = sum(w.frames for w in all_watchers)
     opened: dict[str, float] = {}
+    # The measured window starts now: the harness reads every process's CPU from here.
+    emit("started")
+    cpu_started = time.process_time()
     started = time.perf_counter()
-    achieved = await _paced([(s["user"], s["url"]) for s in job["subjects"]], job["rate"], job["hold"], opened)
-    # Wait out the grace so each pair's `offline` is delivered and counted too.
+    achieved, cycles = await _paced([(s["user"], s["url"]) for s in job["subjects"]], job["rate"], job["hold"], opened)
+    # Wait out the grace so each pair's `offline` is delivered and counted too. The window ends
+    # there: a close the server is slow to finish (an overloaded step) does not stretch it.
     await asyncio.sleep(job.get("settle", 1.0))
     elapsed = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     frames = sum(w.frames for w in all_watchers) - frames_before
+    emit("ended")
+    await _ended(cycles)
     values, missing = _latencies(watchers_by_user, opened, "online")
     _, offline_missing = _latencies(watchers_by_user, opened, "offline")
     await asyncio.gather(*(w.close() for w in all_watchers), return_exceptions=True)
@@ -216,6 +232,7 @@ async def churn(job: dict) -> None:
         frames=frames,
         frames_per_s=round(frames / elapsed, 1) if elapsed else 0.0,
         seconds=round(elapsed, 2),
+        cpu_seconds=round(cpu_seconds, 3),
     )
 
 

@@ -73,6 +73,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def redis_cpu_seconds(client: Any) -> float:
+    """CPU seconds the Redis server has used (user + system), from INFO."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def redis_calls(client: Any) -> int:
     return sum(stats["calls"] for stats in client.info("commandstats").values())
 
@@ -388,7 +394,9 @@ def _churn_job(world: World, a: Server, b: Server, prefix: str, rate: int, secon
     }
 
 
-def phase_churn(world: World, workdir: Path, sizes: Sizes, bare: bool = False) -> tuple[dict, list[dict]]:
+def phase_churn(
+    world: World, workdir: Path, sizes: Sizes, redis_client: Any, bare: bool = False
+) -> tuple[dict, list[dict]]:
     """Raise the connect/disconnect rate until online p99 passes 250 ms or the rate cannot be held.
 
     `bare`: the same climb against the bare fan-out consumer (bench/bare.py) on the same servers,
@@ -405,12 +413,28 @@ def phase_churn(world: World, workdir: Path, sizes: Sizes, bare: bool = False) -
             warm_up(world, "churn", a, b)
         for rate in sizes.churn_rates:
             job = _churn_job(world, a, b, f"{name}{rate}", rate, sizes.churn_seconds, bare)
-            result = {**run_job(job), "server": "bare" if bare else "relay"}
+            load = LoadGen(job)
+            load.expect("started")
+            servers_before, redis_before = cpu_seconds(a.pid) + cpu_seconds(b.pid), redis_cpu_seconds(redis_client)
+            load.expect("ended")
+            servers = cpu_seconds(a.pid) + cpu_seconds(b.pid) - servers_before
+            redis_used = redis_cpu_seconds(redis_client) - redis_before
+            result = load.finish()
+            window = result["seconds"]
+            # Cores busy during the window, in % of one core: the two instances, the load generator, Redis.
+            result.update(
+                server="bare" if bare else "relay",
+                cpu_pct_servers=round(100 * servers / window),
+                cpu_pct_loadgen=round(100 * result["cpu_seconds"] / window),
+                cpu_pct_redis=round(100 * redis_used / window),
+            )
             steps.append(result)
             held = result["achieved_rate"] >= 0.9 * rate and result["missing_online"] == 0
             say(
                 f"{name} {rate}/s: achieved {result['achieved_rate']}/s, p99 {result['p99_ms']} ms, "
-                f"{result['frames_per_s']} frames/s, missing {result['missing_online']}/{result['missing_offline']}"
+                f"{result['frames_per_s']} frames/s, missing {result['missing_online']}/{result['missing_offline']}; "
+                f"CPU servers {result['cpu_pct_servers']}%, load generator {result['cpu_pct_loadgen']}%, "
+                f"Redis {result['cpu_pct_redis']}%"
             )
             if result["p99_ms"] > P99_LIMIT_MS or not held:
                 break
@@ -715,12 +739,16 @@ def write_results(out: Path, results: dict, context: dict, steps: list[dict], mo
         "",
         "Relay, then the bare fan-out consumer (bench/bare.py) under the same load.",
         "",
-        "| server | rate | achieved | p50 ms | p99 ms | frames/s | missing online/offline |",
-        "|---|---|---|---|---|---|---|",
+        "CPU: % of one core during the step's window (2 cores = 200 %).",
+        "",
+        "| server | rate | achieved | p50 ms | p99 ms | frames/s | missing online/offline "
+        "| CPU both instances | CPU load generator | CPU Redis |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {s['server']} | {s['rate']} | {s['achieved_rate']} | {s['p50_ms']} | {s['p99_ms']} | {s['frames_per_s']} "
-        f"| {s['missing_online']}/{s['missing_offline']} |"
+        f"| {s['missing_online']}/{s['missing_offline']} | {s['cpu_pct_servers']} % | {s['cpu_pct_loadgen']} % "
+        f"| {s['cpu_pct_redis']} % |"
         for s in steps
     ]
     lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in context["machine"].items()]
@@ -768,10 +796,10 @@ def main() -> int:
         if fresh("notify"):
             results.update(phase_notify(world, workdir, sizes))
         if fresh("churn"):
-            churn, steps = phase_churn(world, workdir, sizes)
+            churn, steps = phase_churn(world, workdir, sizes, redis_client)
             results.update(churn)
             redis_client.flushall()
-            bare_churn, bare_steps = phase_churn(world, workdir, sizes, bare=True)
+            bare_churn, bare_steps = phase_churn(world, workdir, sizes, redis_client, bare=True)
             results.update(bare_churn)
             steps += bare_steps
         if fresh("commands"):

@@ -3,9 +3,9 @@
 Daphne runs Twisted on an asyncio loop it creates at import time with
 `asyncio.new_event_loop()`; installing uvloop's policy first makes that loop a uvloop
 one, and every coroutine of the application (the consumer, the channel layer, presence)
-runs on it. It also raises the garbage collector's thresholds, skips a debug-only cost of
-autobahn's and leaves Daphne's plain-text access log off unless asked for. The options are
-Daphne's own. See docs/performance.md for what each buys.
+runs on it. It also raises the garbage collector's thresholds and the listen backlog, skips
+debug-only costs of autobahn's and leaves Daphne's plain-text access log off unless asked
+for. The options are Daphne's own. See docs/performance.md for what each buys.
 """
 
 import asyncio
@@ -21,6 +21,11 @@ import uvloop
 # ~10 % of a connect's CPU. Nothing in Relay relies on prompt collection of cycles; reference
 # counting still frees everything else at once.
 GC_THRESHOLDS = (50_000, 50, 100)
+# Pending connections the kernel queues for accept() (capped by net.core.somaxconn). Twisted's
+# default, 50, overflowed in a burst of connects (a reconnect storm after a deploy, the churn
+# benchmark from 300 connects/s): the kernel drops the SYNs beyond it and clients retry after
+# 1 s, then 3 s, which was the whole of the churn phase's p99.
+LISTEN_BACKLOG = 1024
 
 
 def _quiet_autobahn_debug() -> None:
@@ -34,6 +39,20 @@ def _quiet_autobahn_debug() -> None:
     # The same for the arguments of its per-frame debug lines (every sendData: four click.style()
     # calls for terminal colours): autobahn's own plain-text path, as if click were not installed.
     autobahn.util._HAS_CLICK = False
+
+
+def _deep_listen_queue() -> None:
+    # Daphne builds its `-b/-p` and `-u` endpoints without a backlog; `-e` strings are the user's own.
+    import daphne.cli
+    from daphne.endpoints import build_endpoint_description_strings
+
+    def with_backlog(*args: object, **kwargs: object) -> list[str]:
+        return [
+            f"{description}:backlog={LISTEN_BACKLOG}" if description.startswith(("tcp:", "unix:")) else description
+            for description in build_endpoint_description_strings(*args, **kwargs)
+        ]
+
+    daphne.cli.build_endpoint_description_strings = with_backlog
 
 
 def _lean_log_records() -> None:
@@ -52,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     from daphne.cli import CommandLineInterface
 
     _quiet_autobahn_debug()
+    _deep_listen_queue()
     _lean_log_records()
     gc.set_threshold(*GC_THRESHOLDS)
 

@@ -51,6 +51,37 @@ def _environment_reads(queries: CaptureQueriesContext) -> int:
     return sum('FROM "relay_environment"' in query["sql"] for query in queries.captured_queries)
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_connects_waiting_for_the_database_hop_share_the_next_one(acme, monkeypatch):
+    hops: list[list] = []
+    read_in_worker = consumers._read_in_worker
+
+    async def a_slow_first_hop(tokens, extensions):
+        hops.append(list(tokens))
+        if len(hops) == 1:
+            await asyncio.sleep(0.3)  # the others arrive meanwhile
+        return await read_in_worker(tokens, extensions)
+
+    monkeypatch.setattr(consumers, "_read_in_worker", a_slow_first_hop)
+    tokens = [acme.token("linh"), acme.token("tuan"), "forged", acme.token("hermit")]
+    communicators = [WebsocketCommunicator(application, f"/v1/ws?token={token}") for token in tokens]
+    first = asyncio.ensure_future(communicators[0].connect(timeout=5))
+    await asyncio.sleep(0.1)
+    await asyncio.gather(*(communicator.connect(timeout=5) for communicator in communicators[1:]))
+    await first
+    # One hop for the first connect, ONE for the three that came while it was in flight.
+    assert hops == [[tokens[0]], tokens[1:]]
+    # Each got its own outcome: the forged one alone is refused.
+    outputs = [await communicator.receive_output(timeout=5) for communicator in communicators]
+    outcomes = [
+        json.loads(output["text"])["payload"]["user"] if output["type"] == "websocket.send" else output["code"]
+        for output in outputs
+    ]
+    assert outcomes == ["linh", "tuan", 4401, "hermit"]
+    for communicator in communicators:
+        await communicator.disconnect()
+
+
 def test_a_connect_reads_the_users_ids_only_and_the_rest_loads_on_first_access(acme):
     with CaptureQueriesContext(connection) as connect:
         user = verify_token(acme.token("linh"))

@@ -71,6 +71,14 @@ class PresenceExtension(registry.Extension):
 @registry.event(TRANSITION)
 async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
     """Deliver one transition to this connection at most once, as exactly `{user, state}`."""
+    dedup = conn.state.get(STATE_KEY)
+    if dedup is None:
+        return
+    # A copy of the `online` this connection sent itself is dropped before it is even validated:
+    # nothing of it reaches the client, and the id it is matched on was minted here.
+    if dedup.drop_sent_ahead(message.get("transition")):
+        metrics.PRESENCE_DEDUP_DROPS.inc()
+        return
     transition = parse_transition(message)
     if transition is None:
         # Validated on receipt although the fabric is inside the trust boundary: a malformed
@@ -82,12 +90,7 @@ async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
     # A copy queued before a membership removal must not slip through after it.
     if transition.channel not in conn.channel_ids:
         return
-    dedup = conn.state.get(STATE_KEY)
-    if dedup is None:
-        return
-    if dedup.drop_sent_ahead(transition.transition) or (
-        not transition.single and not dedup.claim(transition.transition)
-    ):
+    if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
     await conn.send_frame("presence.changed", {"user": transition.user, "state": transition.state})

@@ -128,7 +128,7 @@ class Dedup:
         """The connection delivered this transition itself; its `copies` copies on the fabric are drops."""
         self._ahead, self._ahead_copies = transition_id, copies
 
-    def drop_sent_ahead(self, transition_id: str) -> bool:
+    def drop_sent_ahead(self, transition_id: object) -> bool:
         """True for a copy of the transition sent ahead (forgotten with its last copy)."""
         if transition_id != self._ahead:
             return False

@@ -130,7 +130,7 @@ class Dedup:
 
     def drop_sent_ahead(self, transition_id: object) -> bool:
         """True for a copy of the transition sent ahead (forgotten with its last copy)."""
-        if transition_id != self._ahead:
+        if self._ahead is None or transition_id != self._ahead:
             return False
         self._ahead_copies -= 1
         if self._ahead_copies <= 0:

@@ -262,11 +262,13 @@ def test_a_well_formed_transition_parses_and_anything_else_does_not():
 def test_a_transition_sent_ahead_drops_exactly_its_copies():
     dedup = Dedup()
     assert dedup.drop_sent_ahead("t1") is False
+    assert dedup.drop_sent_ahead(None) is False  # a copy without an id is not "the one sent ahead"
     dedup.sent_ahead("t1", copies=2)
     assert dedup.drop_sent_ahead("t2") is False
     assert [dedup.drop_sent_ahead("t1"), dedup.drop_sent_ahead("t1")] == [True, True]
     # Both copies came: the id is forgotten, and nothing was written to the window for it.
     assert dedup.drop_sent_ahead("t1") is False
+    assert dedup.drop_sent_ahead(None) is False
     assert len(dedup) == 0
 
 

@@ -57,11 +57,17 @@ class Held:
     `connections` maps each connection id to that connection's `channel_ids`, the very set the
     consumer keeps current on membership changes, so a later transition goes to the channels of
     now, not of the connect. `confirmed` is False while no election has reached Redis for this
-    user here (it was down at connect): the refresh then announces them once it can.
+    user here (it was down at connect): the refresh then announces them once it can. `admitting`
+    holds the connections whose election is still on its way: the refresh leaves them to it.
     """
 
     connections: dict[str, set[str]] = field(default_factory=dict)
     confirmed: bool = False
+    admitting: set[str] = field(default_factory=set)
+
+    def admitted(self) -> list[str]:
+        """The ids of the connections whose election has been answered."""
+        return [connection_id for connection_id in self.connections if connection_id not in self.admitting]
 
     def channels(self) -> set[str]:
         """The user's channels, as their newest connection knows them."""
@@ -145,9 +151,16 @@ class PresenceService:
         # Prepared whether or not this connection wins: Redis publishes them in the election's own
         # round trip when it does (when the layer's groups live on the presence Redis).
         publish = self._in_store("online", conn.user_id, channels, transition_id)
-        admission = await self.store.admission(
-            conn.environment_id, conn.user_id, conn.connection_id, watch, publish or ()
-        )
+        # A refresh meanwhile must not take this connection for one already elected: landing
+        # first, it would re-create a missing key ("vanished") and this election would then find
+        # the user online and publish nothing.
+        held.admitting.add(conn.connection_id)
+        try:
+            admission = await self.store.admission(
+                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or ()
+            )
+        finally:
+            held.admitting.discard(conn.connection_id)
         if admission is None:
             return Admitted(online=None, announced=None)
         if not admission.admitted:
@@ -258,23 +271,28 @@ class PresenceService:
         await self._reap()
 
     async def _refresh(self) -> None:
-        snapshot = {member(*subject): (subject, held) for subject, held in self.held.items()}
+        snapshot = {}
+        for subject, held in self.held.items():
+            if admitted := held.admitted():
+                snapshot[member(*subject)] = (subject, held, admitted)
+        if not snapshot:
+            return
         self._refreshing = asyncio.get_running_loop().create_future()
         try:
-            vanished = await self.store.refresh((name, list(held.connections)) for name, (_, held) in snapshot.items())
+            vanished = await self.store.refresh((name, admitted) for name, (_, _, admitted) in snapshot.items())
         finally:
             self._refreshing.set_result(None)
             self._refreshing = None
         if vanished is None:
             return
         for name, had_marker in vanished:
-            subject, held = snapshot[name]
+            subject, held, _ = snapshot[name]
             suppressed(subject[1], "online", VANISHED)
             # If an `offline` went out meanwhile (the marker stood) or this user was never
             # announced (Redis was down at connect), watchers must hear `online` to converge.
             if (had_marker or not held.confirmed) and not self.closed:
                 await self.publish(*subject, "online", held.channels())
-        for _, held in snapshot.values():
+        for _, held, _ in snapshot.values():
             held.confirmed = True
 
     async def _reap(self) -> None:

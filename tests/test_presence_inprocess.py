@@ -272,6 +272,40 @@ async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     await linh.close()
 
 
+async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme, monkeypatch, caplog):
+    linh = await Socket.open(acme.token("linh"))
+    await linh.wait_changes(1)
+    service = actions.service()
+    admission, refresh = service.store.admission, service.store.refresh
+    asked, answer, elected = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def admission_answered_late(*args, **kwargs):
+        asked.set()
+        await answer.wait()
+        result = await admission(*args, **kwargs)
+        elected.set()
+        return result
+
+    async def refresh_answered_after_the_election(held):
+        reply = await refresh(held)  # Redis runs the refresh first...
+        answer.set()
+        await elected.wait()  # ... then tuan's election, answered before the refresh is
+        return reply
+
+    monkeypatch.setattr(service.store, "admission", admission_answered_late)
+    monkeypatch.setattr(service.store, "refresh", refresh_answered_after_the_election)
+    opening = asyncio.ensure_future(Socket.open(acme.token("tuan")))
+    await asked.wait()
+    await service.tick()
+    tuan = await opening
+    # Had the refresh counted tuan, it would have re-created his "missing" key, his election would
+    # have found him online, and nobody would have published his `online`.
+    assert (await linh.wait_changes(2))[1] == {"user": "tuan", "state": "online"}
+    assert [e for e in events(caplog, "presence.suppressed") if e["user"] == "tuan"] == []
+    for socket in (linh, tuan):
+        await socket.close()
+
+
 async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme, settings, caplog):
     settings.RELAY_PRESENCE_GRACE_MS = 100
     settings.RELAY_PRESENCE_MARGIN_MS = 50

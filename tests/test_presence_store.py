@@ -232,6 +232,60 @@ async def test_a_dead_store_answers_none_at_once_and_logs_each_failure(caplog):
     assert all(r.exc_info is None for r in caplog.records)
 
 
+def _count_pipelines(store: PresenceStore) -> list[int]:
+    """Record how many commands each pipeline `store` executes."""
+    sizes: list[int] = []
+    make = store.client.pipeline
+
+    def pipeline(*args, **kwargs):
+        pipe = make(*args, **kwargs)
+        execute = pipe.execute
+
+        async def counted(*a, **k):
+            sizes.append(len(pipe.command_stack))
+            return await execute(*a, **k)
+
+        pipe.execute = counted
+        return pipe
+
+    store.client.pipeline = pipeline
+    return sizes
+
+
+async def test_elections_made_together_go_to_redis_in_one_pipeline(stores, redis_client):
+    one, _ = stores
+    sizes = _count_pipelines(one)
+    users = [f"u{index}" for index in range(10)]
+    results = await asyncio.gather(*(one.admit(ACME, user, f"c-{user}") for user in users))
+    assert results == [(True, True)] * 10
+    assert sizes == [10]
+    # Each is its own election: a second connection of u3 loses, alone, outside any pipeline.
+    assert await one.admit(ACME, "u3", "c-u3-again") == (True, False)
+    assert sizes == [10]
+    assert all(redis_client.exists(presence_key(ACME, user)) for user in users)
+
+
+async def test_a_pipeline_after_redis_lost_its_scripts_still_runs_each_one(stores, redis_client):
+    one, _ = stores
+    await one.admit(ACME, "warm", "c0")  # the scripts are loaded...
+    redis_client.script_flush()  # ... and gone, as after a Redis restart
+    results = await asyncio.gather(*(one.admit(ACME, f"v{index}", f"c{index}") for index in range(3)))
+    assert results == [(True, True)] * 3
+
+
+async def test_a_dead_store_fails_each_election_of_a_batch_on_its_own(caplog):
+    from relay.embedded_redis import free_port
+    from relay.logging import event_fields
+
+    dead = PresenceStore(f"redis://127.0.0.1:{free_port()}/0", TIMINGS)
+    try:
+        assert await asyncio.gather(*(dead.admit(ACME, f"w{index}", "c") for index in range(3))) == [None] * 3
+    finally:
+        await dead.close()
+    failures = [event_fields(r) for r in caplog.records if r.getMessage() == "presence.failed"]
+    assert [f["op"] for f in failures] == ["admit"] * 3
+
+
 def test_dedup_delivers_an_id_once_and_forgets_the_oldest_beyond_its_window():
     dedup = Dedup(size=2)
     assert dedup.claim("a") is True

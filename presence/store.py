@@ -13,8 +13,9 @@ The scripts derive the per-user key names from the `{env}:{user}` member (the en
 KEYS, which a single Redis allows and Redis Cluster would not; presence runs on one Redis.
 
 Nothing here is a source of truth: presence is ephemeral, and a flushed Redis self-heals through
-the refresh. Every call FAILS FAST (short timeouts, no retries, no queueing) and a failure is logged
-once as `presence.failed {op, error}` and answered with None, so presence degrades alone.
+the refresh. Every call FAILS FAST (short timeouts, no retries; a connect's or close's script waits
+at most for the one pipeline ahead of it) and a failure is logged once per call as
+`presence.failed {op, error}` and answered with None, so presence degrades alone.
 """
 
 import asyncio

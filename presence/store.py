@@ -18,7 +18,6 @@ at most for the one pipeline ahead of it) and a failure is logged once per call 
 `presence.failed {op, error}` and answered with None, so presence degrades alone.
 """
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -35,6 +34,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from relay import metrics
+from relay.batching import GroupCommit
 from relay.logging import log_event
 
 logger = logging.getLogger("presence")
@@ -305,56 +305,28 @@ class PresenceStore:
         self._grace_check = self.client.register_script(GRACE_CHECK)
         self._refresh = self.client.register_script(REFRESH)
         self._reap = self.client.register_script(REAP)
-        self._waiting: list[tuple[AsyncScript, list, list, asyncio.Future]] = []
-        self._sender: asyncio.Task | None = None
+        # A connect's or close's script goes with the calls made while one round trip is in flight
+        # (relay.batching): each connection's admission, release and grace check was its own call,
+        # so in a burst hundreds were in flight at once, and redis-py's pool connects and checks a
+        # connection under the lock every caller takes: each election queued behind the others'
+        # set-up (≈ 360 ms per election at 300 connects/s). A call alone goes at once.
+        self._scripts: GroupCommit[tuple[AsyncScript, list, list], object] = GroupCommit(self._send_scripts)
 
     async def _script(self, script: AsyncScript, keys: list, args: list) -> object:
-        """One connect's or close's script call, sent with the calls waiting beside it.
+        return await self._scripts.submit((script, keys, args))
 
-        One round trip in flight per store; the calls made meanwhile go together in the next, as
-        one pipeline (group commit). Each connection's admission, release and grace check is its
-        own call, so in a burst of connects hundreds were in flight at once, and redis-py's pool
-        connects and checks a connection under the lock every caller takes: each election queued
-        behind the others' connection set-up (≈ 360 ms per election at 300 connects/s). A call
-        alone goes at once.
-        """
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((script, keys, args, future))
-        if self._sender is None:
-            self._sender = asyncio.ensure_future(self._send_waiting())
-        return await future
-
-    async def _send_waiting(self) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                if len(batch) == 1:
-                    script, keys, args, _ = batch[0]
-                    replies = [await _outcome(script(keys=keys, args=args))]
-                else:
-                    replies = await self._pipelined(batch)
-                for (_, _, _, future), reply in zip(batch, replies, strict=True):
-                    if future.done():
-                        continue  # its caller was cancelled meanwhile
-                    if isinstance(reply, Exception):
-                        future.set_exception(reply)
-                    else:
-                        future.set_result(reply)
-        finally:
-            self._sender = None
-
-    async def _pipelined(self, batch: list[tuple[AsyncScript, list, list, asyncio.Future]]) -> list:
+    async def _send_scripts(self, calls: list[tuple[AsyncScript, list, list]]) -> list:
+        if len(calls) == 1:
+            script, keys, args = calls[0]
+            return [await _outcome(script(keys=keys, args=args))]
         pipe = self.client.pipeline(transaction=False)
-        for script, keys, args, _ in batch:
+        for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
-        try:
-            replies = await pipe.execute(raise_on_error=False)
-        except Exception as error:
-            return [error] * len(batch)
+        replies = await pipe.execute(raise_on_error=False)
         for index, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
                 # Redis lost its script cache (a restart): the script object loads it again.
-                script, keys, args, _ = batch[index]
+                script, keys, args = calls[index]
                 replies[index] = await _outcome(script(keys=keys, args=args))
         return replies
 

@@ -24,6 +24,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
 from relay import membership, metrics, registry
+from relay.batching import GroupCommit
 from relay.connect_reads import channel_ids_of_user
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
 from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
@@ -56,10 +57,10 @@ class Session:
     loaded: dict[registry.Extension, Any] = field(default_factory=dict)
 
 
-def _read_sessions(tokens: list[str | None], extensions: list[registry.Extension]) -> list[Session | Exception]:
-    """Each token's session, or the exception its read raised (InvalidToken, a database error)."""
+def _read_sessions(reads: list[tuple[str | None, list[registry.Extension]]]) -> list[Session | Exception]:
+    """Each (token, extensions)'s session, or the exception its read raised (InvalidToken, a database error)."""
     outcomes: list[Session | Exception] = []
-    for token in tokens:
+    for token, extensions in reads:
         try:
             outcomes.append(_read_session(token, extensions))
         except Exception as error:
@@ -83,50 +84,12 @@ def _read_session(token: str | None, extensions: list[registry.Extension]) -> Se
 
 _read_in_worker = database_sync_to_async(_read_sessions)
 
-
-class SessionReads:
-    """The connect path's database hop, shared by the connects of one event loop that wait for it.
-
-    A connect reads its token, user, channels and every extension's `load` in ONE worker-thread
-    hop. The hop itself (the handoff to the thread and back, Django's connection bookkeeping on
-    both sides, the GIL passed between the threads) cost more than the reads in it: ≈ 530 µs of
-    worker CPU a connect against ≈ 250 µs of reading. So one hop runs at a time: a connect that
-    comes while one is in flight joins the next, which takes every connect waiting by then (group
-    commit). Alone, a connect goes at once; in a burst, a hop serves many.
-    """
-
-    def __init__(self) -> None:
-        self._waiting: list[tuple[str | None, asyncio.Future]] = []
-        self._drainer: asyncio.Task | None = None
-
-    async def read(self, token: str | None, extensions: list[registry.Extension]) -> Session:
-        """The session `token` opens; raises what its read raised (InvalidToken, a database error)."""
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((token, future))
-        if self._drainer is None:
-            self._drainer = asyncio.ensure_future(self._drain(extensions))
-        return await future
-
-    async def _drain(self, extensions: list[registry.Extension]) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                try:
-                    outcomes = await _read_in_worker([token for token, _ in batch], extensions)
-                except Exception as error:
-                    outcomes = [error] * len(batch)
-                for (_, future), outcome in zip(batch, outcomes, strict=True):
-                    if future.done():
-                        continue  # that connect was cancelled meanwhile
-                    if isinstance(outcome, Exception):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
-        finally:
-            self._drainer = None
-
-
-_session_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SessionReads]" = weakref.WeakKeyDictionary()
+# The connect path's database hop, shared by the connects of one event loop that wait for it
+# (relay.batching). A connect reads its token, user, channels and every extension's `load` in ONE
+# worker-thread hop, and the hop itself (the handoff to the thread and back, Django's connection
+# bookkeeping on both sides, the GIL passed between the threads) cost more than the reads in it:
+# ≈ 530 µs of worker CPU a connect against ≈ 250 µs of reading.
+_session_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
 
 
 async def open_session(token: str | None, extensions: list[registry.Extension]) -> Session:
@@ -134,8 +97,9 @@ async def open_session(token: str | None, extensions: list[registry.Extension]) 
     loop = asyncio.get_running_loop()
     reads = _session_reads.get(loop)
     if reads is None:
-        reads = _session_reads[loop] = SessionReads()
-    return await reads.read(token, extensions)
+        # Looked up at send time, so a test can stand in for the hop.
+        reads = _session_reads[loop] = GroupCommit(lambda batch: _read_in_worker(batch))
+    return await reads.submit((token, extensions))
 
 
 @database_sync_to_async

@@ -56,11 +56,11 @@ async def test_connects_waiting_for_the_database_hop_share_the_next_one(acme, mo
     hops: list[list] = []
     read_in_worker = consumers._read_in_worker
 
-    async def a_slow_first_hop(tokens, extensions):
-        hops.append(list(tokens))
+    async def a_slow_first_hop(reads):
+        hops.append([token for token, _ in reads])
         if len(hops) == 1:
             await asyncio.sleep(0.3)  # the others arrive meanwhile
-        return await read_in_worker(tokens, extensions)
+        return await read_in_worker(reads)
 
     monkeypatch.setattr(consumers, "_read_in_worker", a_slow_first_hop)
     tokens = [acme.token("linh"), acme.token("tuan"), "forged", acme.token("hermit")]

@@ -136,6 +136,10 @@ class _Shard(RedisSingleShardConnection):
                     if self._confirming.get(channel) is confirmed and confirmed.done():
                         del self._confirming[channel]
 
+    async def unsubscribe(self, channel: str) -> None:
+        """Unsubscribe from one channel (see `unsubscribe_many`)."""
+        await self.unsubscribe_many([channel])
+
     async def unsubscribe_many(self, channels: Sequence[str]) -> None:
         """Unsubscribe from every channel subscribed to, in one UNSUBSCRIBE."""
         async with self._lock:

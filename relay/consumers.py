@@ -251,7 +251,21 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # ── events from the channel layer ────────────────────────────────────────
     async def dispatch(self, message: dict) -> None:
-        handler = registry.events.get(message.get("type", ""))
+        message_type = message.get("type", "")
+        if message_type.startswith("websocket."):
+            await self._dispatch(message_type, message)
+            return
+        try:
+            await self._dispatch(message_type, message)
+        finally:
+            # Every other message came from the channel layer: counted off its backlog once handled,
+            # so a handler that writes past the queue (presence's fan-out) never overtakes it.
+            handled = getattr(self.channel_layer, "handled", None)
+            if handled is not None:
+                handled(self.channel_name)
+
+    async def _dispatch(self, message_type: str, message: dict) -> None:
+        handler = registry.events.get(message_type)
         if handler is not None:
             await handler(self, message)
             return

@@ -11,6 +11,10 @@ format) with two changes, both measured in docs/performance.md:
   (channels-redis's core layer names its channels the same way, for the same reason.)
 - `route_group()` / `send_local()`: a process-wide handler for one group, called as its
   messages are read, which hands copies to local channels in order (relay.membership's bus).
+- `claim_groups()`: a process-wide handler for every group of a prefix, called once per message
+  with the group's local members, instead of one copy queued per member (presence's fan-out).
+- `backlog()` / `handled()`: how many messages put on a local channel its consumer has not yet
+  finished handling, so a handler that writes past the queue (a claim) knows when it may.
 - `group_send_many()`: several group messages in ONE pipelined round trip (a presence transition
   goes to every channel of its user). Publishes also no longer queue behind each other on the
   shard's lock, which only guards subscription changes.
@@ -200,11 +204,23 @@ class _Shard(RedisSingleShardConnection):
             if name == self.channel_layer.inbox:
                 self.channel_layer.deliver_from_inbox(message["data"])
                 return
-            route = self.channel_layer.routes.get(name)
+            layer = self.channel_layer
+            route = layer.routes.get(name)
             if route is not None:
-                route(self.channel_layer.channel_layer.deserialize(message["data"]))
+                route(layer.channel_layer.deserialize(message["data"]))
                 return
-        super()._receive_message(message)
+            # channels-redis's own fan-out, with every put counted in the backlog.
+            if name in layer.channels:
+                layer.enqueue(name, message["data"])
+                return
+            members = layer.groups.get(name)
+            if members:
+                claim = layer.claim_of(name)
+                if claim is not None:
+                    claim(layer.channel_layer.deserialize(message["data"]), tuple(members))
+                    return
+                for channel in members:
+                    layer.enqueue(channel, message["data"])
 
 
 class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
@@ -216,6 +232,8 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         self.inbox = f"{self.prefix}specific.{uuid.uuid4().hex}!"
         self._inbox_ready: asyncio.Task | None = None
         self.routes: dict[str, Callable[[dict], None]] = {}
+        self.claims: dict[str, Callable[[dict, tuple[str, ...]], None]] = {}
+        self._backlog: dict[str, int] = {}
 
     async def new_channel(self, prefix: str = "specific.") -> str:
         """A channel of this process: a local queue, behind the inbox subscribed once per process."""
@@ -251,21 +269,61 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         self.routes[name] = callback
         await self._get_shard(name).subscribe(name)
 
+    def claim_groups(self, prefix: str, callback: Callable[[dict, tuple[str, ...]], None]) -> None:
+        """Hand each message of every group named `prefix`... to `callback`, once, with the group's local members.
+
+        Called as the message is read, like a `route_group` callback, instead of queuing one copy
+        per member: the callback delivers to the members itself. Subscriptions are unchanged: a
+        channel still joins such a group with `group_add`, and is a member while it is in it.
+        """
+        self.claims[self._get_group_channel_name(prefix)] = callback
+
+    def claim_of(self, name: str) -> Callable[[dict, tuple[str, ...]], None] | None:
+        """The claim on the group whose Redis channel is `name`, if any."""
+        for prefix, callback in self.claims.items():
+            if name.startswith(prefix):
+                return callback
+        return None
+
     def send_local(self, channel: str, message: dict) -> bool:
         """Put a message on a channel of this process now; False when no such channel lives here."""
-        queue = self.channels.get(channel)
-        if queue is None:
-            return False
-        queue.put_nowait(self.channel_layer.serialize(message))
-        return True
+        return self.enqueue(channel, self.channel_layer.serialize(message))
 
     def deliver_from_inbox(self, data: bytes) -> None:
         """A message another process sent to one of this process's channels: queue it for its consumer."""
         message = self.channel_layer.deserialize(data)
-        queue = self.channels.get(message.pop(TARGET_KEY, None))
         # A consumer that has gone is like an unsubscribed channel: the message is dropped.
-        if queue is not None:
-            queue.put_nowait(self.channel_layer.serialize(message))
+        self.enqueue(message.pop(TARGET_KEY, None), self.channel_layer.serialize(message))
+
+    def enqueue(self, channel: str | None, data: bytes) -> bool:
+        """Queue serialized `data` for the consumer of a local channel; False when it has gone."""
+        queue = self.channels.get(channel)
+        if queue is None:
+            return False
+        queue.put_nowait(data)
+        self._backlog[channel] = self._backlog.get(channel, 0) + 1
+        return True
+
+    def backlog(self, channel: str) -> int:
+        """Messages queued for `channel` whose handling its consumer has not finished (`handled`)."""
+        return self._backlog.get(channel, 0)
+
+    def handled(self, channel: str) -> None:
+        """The consumer of `channel` has finished handling one message it received from the layer."""
+        left = self._backlog.get(channel, 0) - 1
+        if left > 0:
+            self._backlog[channel] = left
+        else:
+            self._backlog.pop(channel, None)
+
+    async def receive(self, channel: str) -> dict:
+        """The next message of `channel`; its backlog is forgotten with the channel."""
+        try:
+            return await super().receive(channel)
+        finally:
+            # channels-redis deletes the channel when its consumer stops receiving (a cancel).
+            if channel not in self.channels:
+                self._backlog.pop(channel, None)
 
     async def group_add_many(self, groups: Sequence[str], channel: str) -> None:
         """`group_add` to every group, with one SUBSCRIBE per shard for the groups new to this process."""
@@ -315,13 +373,16 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         await super().flush()
         self._inbox_ready = None
         self.routes = {}
+        self.claims = {}
+        self._backlog = {}
 
 
 class RelayPubSubChannelLayer(RedisPubSubChannelLayer):
     """`RedisPubSubChannelLayer` with one inbox subscription per process and pipelined group sends."""
 
-    # `group_send_many`, `route_group` and `send_local` reach the loop layer through the parent's
-    # `__getattr__`, which hands every name it does not proxy to the running loop's layer.
+    # `group_send_many`, `route_group`, `claim_groups`, `send_local`, `backlog` and `handled` reach
+    # the loop layer through the parent's `__getattr__`, which hands every name it does not proxy
+    # to the running loop's layer.
 
     def _get_layer(self) -> RelayPubSubLoopLayer:
         loop = asyncio.get_running_loop()

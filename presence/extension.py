@@ -1,20 +1,16 @@
 """How presence plugs into every connection: the registry extension and the transition handler."""
 
-import logging
 from typing import TYPE_CHECKING
 
-from presence import actions, reads
-from presence.fabric import TRANSITION, Dedup, group_name, parse_transition, subject_of
-from relay import metrics, registry
-from relay.logging import log_event
+from presence import actions, delivery, reads
+from presence.delivery import STATE_KEY
+from presence.fabric import TRANSITION, Dedup, group_name, parse_transition
+from relay import registry
 
 if TYPE_CHECKING:
     from relay.consumers import GatewayConsumer
     from relay.models import User
 
-logger = logging.getLogger("presence")
-
-STATE_KEY = "presence"
 # Who of the co-members was online at the election, read in its round trip; sent after the ack.
 SNAPSHOT_KEY = "presence.snapshot"
 # The `online` this connection's election published, if it did: (transition id, copies).
@@ -60,37 +56,19 @@ class PresenceExtension(registry.Extension):
             # Redis and the channel layer; its copies on the fabric are dropped when they come.
             conn.state[STATE_KEY].sent_ahead(*announced)
             await conn.send_frame("presence.changed", {"user": conn.user_id, "state": "online"})
+        # Last: a transition written straight to the socket must come after the snapshot.
+        delivery.fanout().live(conn)
 
     async def closed(self, conn: "GatewayConsumer") -> None:
         # Membership changes need nothing more: the consumer follows them with the groups, and the
         # service reads `conn.channel_ids`, the very set the consumer keeps current, so the user's
         # own later transitions go to the channels of now.
+        delivery.fanout().gone(conn)
         await actions.service().disconnect(conn)
 
 
 @registry.event(TRANSITION)
 async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
-    """Deliver one transition to this connection at most once, as exactly `{user, state}`."""
-    dedup = conn.state.get(STATE_KEY)
-    if dedup is None:
-        return
-    # A copy of the `online` this connection sent itself is dropped before it is even validated:
-    # nothing of it reaches the client, and the id it is matched on was minted here.
-    if dedup.drop_sent_ahead(message.get("transition")):
-        metrics.PRESENCE_DEDUP_DROPS.inc()
-        return
-    transition = parse_transition(message)
-    if transition is None:
-        # Validated on receipt although the fabric is inside the trust boundary: a malformed
-        # payload must never reach a client.
-        if actions.service().first_sight_of_invalid(message):
-            metrics.PRESENCE_INVALID_PAYLOADS.inc()
-            log_event(logger, "presence.invalid_payload", logging.ERROR, subject=subject_of(message))
-        return
-    # A copy queued before a membership removal must not slip through after it.
-    if transition.channel not in conn.channel_ids:
-        return
-    if not transition.single and not dedup.claim(transition.transition):
-        metrics.PRESENCE_DEDUP_DROPS.inc()
-        return
-    await conn.send_frame("presence.changed", {"user": transition.user, "state": transition.state})
+    """A transition queued for this connection (on a layer without the process-wide fan-out, or
+    behind what the connection had queued): delivered as `Fanout` delivers the others."""
+    await delivery.deliver(conn, message, parse_transition(message))

@@ -23,9 +23,13 @@ DEDUP_WINDOW = 256
 State = Literal["online", "offline"]
 
 
+# Every presence group's name starts with this, and no other group's does.
+GROUP_PREFIX = "presence."
+
+
 def group_name(channel_id: str) -> str:
     """The channel-layer group presence transitions of one channel are sent to."""
-    return f"presence.{channel_id}"
+    return f"{GROUP_PREFIX}{channel_id}"
 
 
 def _uuid(value: str) -> str:

@@ -430,3 +430,53 @@ def test_a_copy_count_must_be_a_positive_integer():
     assert parse_transition(transition_message("linh", "online", str(uuid.uuid4()), channel)).copies is None
     for bad in (0, -1, "2", 1.5, None):
         assert parse_transition({**good, "copies": bad}) is None
+
+
+async def test_a_claimed_group_is_handed_over_once_with_its_members_and_others_are_queued(redis_url):
+    layer = _layer(redis_url)
+    try:
+        first, second = await layer.new_channel(), await layer.new_channel()
+        claimed: list[tuple[dict, tuple[str, ...]]] = []
+        layer.claim_groups("presence.", lambda message, members: claimed.append((message, members)))
+        for channel in (first, second):
+            await group_add_many(layer, ["presence.fleet", "messages.fleet"], channel)
+        await group_send_many(_layer(redis_url), [("presence.fleet", {"type": "p"}), ("messages.fleet", {"type": "m"})])
+        assert await layer.receive(first) == {"type": "m"}
+        assert await layer.receive(second) == {"type": "m"}
+        # The claimed group's message came once, with both members, and was queued for neither.
+        assert [(message, sorted(members)) for message, members in claimed] == [
+            ({"type": "p"}, sorted([first, second]))
+        ]
+        assert layer.channels[first].empty() and layer.channels[second].empty()
+    finally:
+        await layer.flush()
+
+
+async def test_the_backlog_counts_what_a_consumer_has_not_finished_handling(redis_url):
+    layer = _layer(redis_url)
+    try:
+        channel = await layer.new_channel()
+        await group_add_many(layer, ["messages.fleet"], channel)
+        assert layer.send_local(channel, {"type": "a"})
+        await _layer(redis_url).group_send("messages.fleet", {"type": "b"})
+        assert await layer.receive(channel) == {"type": "a"}
+        assert await layer.receive(channel) == {"type": "b"}
+        # Received is not handled: both still count until the consumer says so.
+        assert layer.backlog(channel) == 2
+        layer.handled(channel)
+        assert layer.backlog(channel) == 1
+        layer.handled(channel)
+        assert layer.backlog(channel) == 0
+        # A consumer that stops receiving (its receive cancelled) takes its backlog with its channel.
+        assert layer.send_local(channel, {"type": "c"})
+        assert await layer.receive(channel) == {"type": "c"}
+        assert layer.backlog(channel) == 1
+        blocked = asyncio.ensure_future(layer.receive(channel))
+        await asyncio.sleep(0)
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        assert channel not in layer.channels
+        assert layer.backlog(channel) == 0
+    finally:
+        await layer.flush()

@@ -1,0 +1,161 @@
+"""Presence's process-wide fan-out (presence.delivery): one delivery per transition, order kept per connection.
+
+Against the real Redis and Relay's pub/sub layer: transitions are published as another instance
+would, and read back through the process's one subscription.
+"""
+
+import asyncio
+import json
+import logging
+import uuid
+
+import pytest
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+
+from presence import delivery, extension
+from presence.fabric import TRANSITION, group_name, transition_message
+from relay import registry
+from relay.asgi import application
+from relay.layers import group_send_many
+from relay.logging import event_fields
+from relay.membership import EVENT, MEMBERSHIP_GROUP
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def queued(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The transitions about others that reached a connection through its own queue (the consumer's handler).
+
+    (A connection's own `online` comes back through the fabric too, queued or not as it happens
+    to arrive before or after the connection is live, and is dropped either way.)
+    """
+    seen: list[dict] = []
+
+    async def counted(conn, message: dict) -> None:
+        if message.get("user") != conn.user_id:
+            seen.append(message)
+        await extension.presence_transition(conn, message)
+
+    monkeypatch.setitem(registry.events, TRANSITION, counted)
+    return seen
+
+
+async def _frames_until(communicator: WebsocketCommunicator, frame_type: str, user: str) -> list[dict]:
+    """Every frame up to and including the first `frame_type` about `user`."""
+    frames = []
+    while True:
+        frame = json.loads(await communicator.receive_from(timeout=5))
+        frames.append(frame)
+        if frame["type"] == frame_type and frame["payload"].get("user") == user:
+            return frames
+
+
+async def _open_live(token: str, user: str) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    # Ack, snapshot, then the user's own `online`: live from here.
+    await _frames_until(communicator, "presence.changed", user)
+    return communicator
+
+
+def _changed(frames: list[dict]) -> list[dict]:
+    return [frame["payload"] for frame in frames if frame["type"] == "presence.changed"]
+
+
+async def test_a_live_watcher_gets_a_transition_from_the_process_not_through_its_queue(acme, queued):
+    fleet, general = str(acme.channels["fleet"].id), str(acme.channels["general"].id)
+    linh = await _open_live(acme.token("linh"), "linh")
+    transition = str(uuid.uuid4())
+    # As another instance publishes it: one copy to each of tuan's channels.
+    await group_send_many(
+        get_channel_layer(),
+        [
+            (group_name(channel), transition_message("tuan", "online", transition, channel, copies=2))
+            for channel in (fleet, general)
+        ],
+    )
+    frames = await _frames_until(linh, "presence.changed", "tuan")
+    assert _changed(frames) == [{"user": "tuan", "state": "online"}]
+    assert queued == []
+    assert await linh.receive_nothing(timeout=0.2)  # the second copy was deduplicated, as before
+    await linh.disconnect()
+    assert not delivery.fanout().watchers
+
+
+async def test_a_transition_raced_with_a_connect_is_queued_behind_the_snapshot(acme, queued, monkeypatch):
+    fleet = str(acme.channels["fleet"].id)
+    layer = get_channel_layer()
+    admit = extension.PresenceExtension.admit
+    raced = str(uuid.uuid4())
+
+    async def a_transition_during_the_election(self, conn):
+        await admit(self, conn)
+        # The groups are joined: tuan's `online` arrives before linh's snapshot is sent.
+        await layer.group_send(group_name(fleet), transition_message("tuan", "online", raced, fleet, copies=1))
+        for _ in range(100):
+            if layer.backlog(conn.channel_name):
+                break
+            await asyncio.sleep(0.01)
+
+    monkeypatch.setattr(extension.PresenceExtension, "admit", a_transition_during_the_election)
+    linh = WebsocketCommunicator(application, f"/v1/ws?token={acme.token('linh')}")
+    assert (await linh.connect(timeout=5))[0]
+    frames = await _frames_until(linh, "presence.changed", "tuan")
+    types = [frame["type"] for frame in frames]
+    assert types.index("presence.snapshot") < len(types) - 1  # the snapshot came first
+    assert [message["transition"] for message in queued] == [raced]
+
+    # Live now: the next one comes from the process, not through the queue.
+    await layer.group_send(group_name(fleet), transition_message("tuan", "offline", str(uuid.uuid4()), fleet, copies=1))
+    assert _changed(await _frames_until(linh, "presence.changed", "tuan")) == [{"user": "tuan", "state": "offline"}]
+    assert len(queued) == 1
+    await linh.disconnect()
+
+
+async def test_a_transition_read_behind_a_membership_removal_waits_for_it_and_is_dropped(acme, queued):
+    fleet, general = str(acme.channels["fleet"].id), str(acme.channels["general"].id)
+    linh = await _open_live(acme.token("linh"), "linh")
+    removal = {"type": EVENT, "user": acme.users["linh"].pk, "channel": fleet, "member": False}
+    # Read off Redis together: the removal is queued for linh's consumer, and the transition
+    # must not go past it, or linh would hear of tuan in a channel she has just left.
+    await group_send_many(
+        get_channel_layer(),
+        [
+            (MEMBERSHIP_GROUP, removal),
+            (group_name(fleet), transition_message("tuan", "online", str(uuid.uuid4()), fleet, copies=1)),
+            (group_name(general), transition_message("hermit", "online", str(uuid.uuid4()), general, copies=1)),
+        ],
+    )
+    frames = await _frames_until(linh, "presence.changed", "hermit")
+    assert _changed(frames) == [{"user": "hermit", "state": "online"}]
+    assert [message["user"] for message in queued] == ["tuan", "hermit"]
+    await linh.disconnect()
+
+
+async def test_one_watchers_failure_does_not_cost_the_others_their_frame(acme, queued, monkeypatch, caplog):
+    fleet = str(acme.channels["fleet"].id)
+    linh = await _open_live(acme.token("linh"), "linh")
+    tuan = await _open_live(acme.token("tuan"), "tuan")
+    await _frames_until(linh, "presence.changed", "tuan")
+    fanout = delivery.fanout()
+    broken = next(conn for conn in fanout.watchers.values() if conn.user_id == "tuan")
+
+    async def refused(frame_type: str, payload: dict) -> None:
+        raise RuntimeError("a socket that cannot be written")
+
+    monkeypatch.setattr(broken, "send_frame", refused)
+    with caplog.at_level(logging.ERROR, logger="presence"):
+        await get_channel_layer().group_send(
+            group_name(fleet), transition_message("hermit", "online", str(uuid.uuid4()), fleet, copies=1)
+        )
+        assert _changed(await _frames_until(linh, "presence.changed", "hermit")) == [
+            {"user": "hermit", "state": "online"}
+        ]
+    failures = [event_fields(record) for record in caplog.records if record.getMessage() == "presence.failed"]
+    assert failures == [{"op": "deliver", "error": "RuntimeError"}]
+    assert queued == []
+    await linh.disconnect()
+    await tuan.disconnect()

@@ -1,7 +1,7 @@
-"""Relay's channel layer: channels-redis's pub/sub layer, minus two per-connection costs.
+"""Relay's channel layer: channels-redis's pub/sub layer, minus its per-connection and per-copy costs.
 
 `RelayPubSubChannelLayer` is `RedisPubSubChannelLayer` (same settings, same groups, same wire
-format) with two changes, both measured in docs/performance.md:
+format) with these changes, each measured in docs/performance.md:
 
 - One Redis subscription per PROCESS for consumers' own channels, not one per consumer. A
   consumer's channel is named `<prefix>specific.<process>!<id>`; the process subscribes once to

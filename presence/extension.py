@@ -59,6 +59,9 @@ class PresenceExtension(registry.Extension):
         # Last: a transition written straight to the socket must come after the snapshot.
         delivery.fanout().live(conn)
 
+    async def channel_added(self, conn: "GatewayConsumer", channel_id: str) -> None:
+        await reads.announce_new_co_members(conn, channel_id)
+
     async def closed(self, conn: "GatewayConsumer") -> None:
         # Membership changes need nothing more: the consumer follows them with the groups, and the
         # service reads `conn.channel_ids`, the very set the consumer keeps current, so the user's

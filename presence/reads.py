@@ -26,6 +26,33 @@ def co_member_ids(environment_id: str, user_id: str, channel_ids: Collection[str
 co_members = database_sync_to_async(co_member_ids)
 
 
+@database_sync_to_async
+def newly_visible_ids(
+    environment_id: str, user_id: str, channel_id: str, other_channel_ids: Collection[str]
+) -> list[str]:
+    """The members of `channel_id` the user shares none of `other_channel_ids` with (not the user)."""
+    members = co_member_external_ids(environment_id, [channel_id])
+    already = co_member_external_ids(environment_id, other_channel_ids) if members else set()
+    return sorted(members - already - {user_id})
+
+
+async def announce_new_co_members(conn: "GatewayConsumer", channel_id: str) -> None:
+    """Tell a connection whose user just joined `channel_id` who it made visible and is online.
+
+    Without this the client's state would miss them until their next transition, and "snapshot
+    + changes ends with the true state" would not hold across a membership change. The
+    connection joined the channel's presence group before this read (the consumer's
+    `membership_changed`), so a transition racing it is queued behind these frames, as one
+    racing the connect's snapshot is behind the snapshot. Users already visible through another
+    shared channel are left out: the client already knows their state.
+    """
+    others = set(conn.channel_ids) - {channel_id}
+    candidates = await newly_visible_ids(conn.environment_id, conn.user_id, channel_id, others)
+    # None (the presence Redis down, logged by the store): nothing to tell; the next transitions will.
+    for user_id in await actions.service().store.online(conn.environment_id, candidates) or ():
+        await conn.send_frame("presence.changed", {"user": user_id, "state": "online"})
+
+
 async def snapshot(conn: "GatewayConsumer") -> list[str]:
     """Who among the connection's co-members (and the user) is online now, sorted.
 

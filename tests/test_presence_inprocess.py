@@ -431,6 +431,35 @@ async def test_a_membership_removed_while_connecting_still_takes_effect(acme, mo
     await linh.close()
 
 
+async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_is_online(acme, settings):
+    from relay import membership
+
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    linh = await Socket.open(acme.token("linh"))
+    await linh.wait_changes(1)
+    hermit = await Socket.open(acme.token("hermit"))
+    assert await hermit.next_of("presence.snapshot") == {"online": ["hermit"]}
+
+    await database_sync_to_async(membership.add_member)(fleet, acme.users["hermit"])
+    # fleet made linh and tuan visible to him: linh is online and announced, tuan is not.
+    assert await hermit.wait_changes(1) == [{"user": "linh", "state": "online"}]
+    # general shows him nobody new: linh is known through fleet already.
+    await database_sync_to_async(membership.add_member)(general, acme.users["hermit"])
+    tuan = await Socket.open(acme.token("tuan"))
+    await tuan.next_of("presence.snapshot")
+    await tuan.close()
+    # tuan's own transitions reach him once each, though they share two channels now.
+    assert await hermit.wait_changes(3) == [
+        {"user": "linh", "state": "online"},
+        {"user": "tuan", "state": "online"},
+        {"user": "tuan", "state": "offline"},
+    ]
+    for socket in (linh, hermit):
+        await socket.close()
+
+
 def test_admin_users_still_list_when_the_presence_store_is_down(acme, client, settings):
     staff = get_user_model().objects.create_superuser("admin", "admin@example.com", "pw")
     client.force_login(staff)

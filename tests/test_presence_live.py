@@ -600,6 +600,25 @@ async def test_removing_a_member_takes_effect_on_live_connections_at_once(live_i
     await close_all(an, probe, tuan, ops_probe)
 
 
+async def test_a_member_added_through_the_api_hears_who_is_online_there_at_once(live_instances, acme):
+    a, b = live_instances(2, **timings())
+    await add_user(acme, "mai")
+    await add_user(acme, "an")
+    ops = await add_channel(acme, "ops", "public", ("mai", "an"))
+    mai = await connect(b, acme, "mai")
+    linh = await connect(a, acme, "linh")
+    assert "mai" not in linh.of_type("presence.snapshot")[0]["online"]
+    status, _ = http("PUT", f"{b.http_url}/v1/channels/{ops.id}/members/linh", api_key=acme.api_key)
+    assert status == 201
+    # mai, online on the other instance, is announced to linh's connection; an, offline, is not.
+    assert await heard(linh, "mai", 1) == ["online"]
+    # From then on ops's transitions reach her as any member's do.
+    await mai.close()
+    assert await heard(linh, "mai", 2) == ["online", "offline"]
+    assert states(linh, "an") == []
+    await close_all(linh)
+
+
 async def test_http_presence_answers_from_any_instance(live_instances, acme, globex):
     a, b = live_instances(2, **timings())
     tuan = await connect(b, acme, "tuan")

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from asgiref.sync import SyncToAsync
 from django.conf import settings
+from django.db import connections
 from django.test import Client
 
 from relay.embedded_redis import EmbeddedRedis
@@ -65,6 +67,19 @@ def _point_settings_at_test_redis(redis_url: str) -> None:
     settings.RELAY_REDIS_URL = redis_url
     settings.RELAY_PRESENCE_REDIS_URL = redis_url
     settings.CHANNEL_LAYERS = channel_layers_for(redis_url)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_worker_thread_connections(django_db_setup: None) -> Iterator[None]:
+    """Close the database connection asgiref's worker thread keeps, before the test database goes.
+
+    In-process async tests reach the database through database_sync_to_async, which runs in
+    asgiref's one thread-sensitive worker; its connection outlives the tests, and PostgreSQL
+    refuses to drop a database that a session still holds ("being accessed by other users").
+    Depending on django_db_setup makes this teardown run before that one.
+    """
+    yield
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
 
 
 @pytest.fixture(autouse=True)

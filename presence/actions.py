@@ -41,6 +41,7 @@ CLOSE_TOO_MANY_CONNECTIONS = 4429
 ALREADY_ONLINE = "already online"
 STILL_OPEN = "a connection is still open somewhere"
 ANOTHER_PUBLISHED = "another instance published it"
+NEVER_RETRACTED = "its last online was never retracted (the instance that held it died)"
 VANISHED = "key vanished under a live connection; re-electing"
 
 # The copies of one group message reach every local member within milliseconds.
@@ -168,7 +169,7 @@ class PresenceService:
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.confirmed = True
         if not admission.won:
-            suppressed(conn.user_id, "online", ALREADY_ONLINE)
+            suppressed(conn.user_id, "online", NEVER_RETRACTED if admission.unretracted else ALREADY_ONLINE)
             return Admitted(online=admission.online, announced=None)
         if publish is not None:
             _published(conn.user_id, "online", len(channels))

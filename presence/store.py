@@ -85,7 +85,9 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 # KEYS: conns, key, marker, deadlines. ARGV: connection id, ttl, grace, max, member, environment id,
 # n, then n (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose
 # presence the connection's snapshot needs. The limit, the election, the winner's `online` and the
-# snapshot's read in one round trip. Returns {admitted, won, online user id, ...}.
+# snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
+# user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
+# user's last `online` was never retracted: nothing to publish).
 ADMIT = (
     _NOW
     + """
@@ -98,11 +100,19 @@ redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ttl)
 local won = 0
 if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
-  won = 1
-  -- The winner clears "somebody already said they left" so the next departure elects again.
-  redis.call('DEL', KEYS[3])
-  for i = 8, 7 + 2 * tonumber(ARGV[7]), 2 do
-    redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+  if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('ZSCORE', KEYS[4], ARGV[5]) then
+    -- The key is gone, yet nobody said the user left and their deadline stands: the instance
+    -- that held them died (or a close's re-pin came too late), and the `online` watchers last
+    -- heard was never retracted. A second one would say nothing new; the deadline is taken
+    -- over below, so the reaper stays quiet too.
+    won = 2
+  else
+    won = 1
+    -- The winner clears "somebody already said they left" so the next departure elects again.
+    redis.call('DEL', KEYS[3])
+    for i = 8, 7 + 2 * tonumber(ARGV[7]), 2 do
+      redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+    end
   end
 else
   -- A key a close re-pinned to the grace has a live connection again: back to the TTL,
@@ -148,15 +158,17 @@ return 2
 """
 )
 
-# KEYS: key, marker. ARGV: marker ttl, then (channel, payload) pairs to PUBLISH if this caller
-# wins. 0 = still online, 1 = won the right to publish `offline`, 2 = another instance (or the
-# reaper) already did.
+# KEYS: key, marker, deadlines. ARGV: marker ttl, member, then (channel, payload) pairs to PUBLISH
+# if this caller wins. 0 = still online, 1 = won the right to publish `offline`, 2 = another
+# instance (or the reaper) already did. The winner takes the user's deadline: a deadline only
+# stands while the last word said of the user is `online` (ADMIT relies on it).
 GRACE_CHECK = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
-  for i = 2, #ARGV, 2 do
+  redis.call('ZREM', KEYS[3], ARGV[2])
+  for i = 3, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
   return 1
@@ -244,6 +256,9 @@ class Admission:
     admitted: bool
     won: bool
     online: list[str]
+    # The key was gone but the user's last `online` was never retracted (their instance died):
+    # this connection took the key over and has nothing to publish.
+    unretracted: bool = False
 
 
 @dataclass(frozen=True)
@@ -371,7 +386,12 @@ class PresenceStore:
         reply = await self.call("admit", lambda: self._script(self._admit, keys, args))
         if reply is None:
             return None
-        return Admission(admitted=bool(reply[0]), won=bool(reply[1]), online=[_text(uid) for uid in reply[2:]])
+        return Admission(
+            admitted=bool(reply[0]),
+            won=reply[1] == 1,
+            online=[_text(uid) for uid in reply[2:]],
+            unretracted=reply[1] == 2,
+        )
 
     async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> bool:
         """Free the connection's slot and, on the last local close, re-pin the key to the grace."""
@@ -386,8 +406,8 @@ class PresenceStore:
 
         Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip.
         """
-        keys = [presence_key(environment_id, user_id), marker_key(environment_id, user_id)]
-        args = [self.timings.marker_ttl, *(part for pair in publish for part in pair)]
+        keys = [presence_key(environment_id, user_id), marker_key(environment_id, user_id), DEADLINES]
+        args = [self.timings.marker_ttl, member(environment_id, user_id), *(part for pair in publish for part in pair)]
         return await self.call("grace_check", lambda: self._script(self._grace_check, keys, args))
 
     async def refresh(self, held: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[str, bool]] | None:

@@ -21,6 +21,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
+from presence import actions
 from presence.fabric import group_name, transition_message
 from presence.store import DEADLINES, connections_key, marker_key, presence_key
 from relay.embedded_redis import EmbeddedRedis, free_port
@@ -398,6 +399,30 @@ async def test_a_killed_instances_users_go_offline_from_a_survivor(live_instance
     assert [line["state"] for line in lines([a], "presence.published", user="tuan")] == ["offline"]
     probe = await barrier(a, acme, [linh])
     assert states(linh, "tuan") == ["online", "offline"]
+    await close_all(linh, tuan, probe)
+
+
+async def test_a_reconnect_after_a_killed_instances_key_expired_says_nothing_new(live_instances, acme, redis_client):
+    # A grace long enough that the reconnect surely lands between the key's expiry and the
+    # reaper's decision (last refresh + TTL + grace).
+    grace = 3000
+    a, b = live_instances(2, **timings(grace=grace))
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    assert await heard(linh, "tuan", 1) == ["online"]
+    b.kill()
+    key = presence_key(str(acme.environment.id), "tuan")
+    await until(lambda: not redis_client.exists(key))
+    back = await connect(a, acme, "tuan")
+    # watchers last heard `online` and tuan is back: neither a second `online` nor, once his old
+    # deadline has passed, an `offline` from the reaper.
+    await logged(a, "presence.suppressed", user="tuan", reason=actions.NEVER_RETRACTED)
+    await asyncio.sleep((grace + 2 * REFRESH) / 1000)
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "tuan") == ["online"]
+    # His departure from here on is said as usual.
+    await back.close()
+    assert await heard(linh, "tuan", 2, timeout=(grace + MARGIN) / 1000 + WAIT) == ["online", "offline"]
     await close_all(linh, tuan, probe)
 
 

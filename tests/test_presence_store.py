@@ -208,6 +208,28 @@ async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(store
     assert await two.reap() == [(member(ACME, "linh"), False)]
 
 
+async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_without_a_second_online(stores, redis_client):
+    one, two = stores
+    assert await one.admit(ACME, "linh", "c1") == (True, True)
+    # linh's instance died and her key expired; her deadline (not yet reaped) still stands.
+    redis_client.delete(presence_key(ACME, "linh"))
+    admission = await two.admission(ACME, "linh", "c2")
+    assert (admission.admitted, admission.won, admission.unretracted) == (True, False, True)
+    assert redis_client.exists(presence_key(ACME, "linh"))
+    # She is held again, so the reaper finds her key and leaves her deadline for later.
+    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
+    assert await one.reap() == []
+    # Once her departure was said, the next first connection is a new `online` again.
+    await two.release(ACME, "linh", "c2", last_local=True)
+    redis_client.delete(presence_key(ACME, "linh"))
+    assert await two.grace_check(ACME, "linh") == 1
+    assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
+    # ... even after the marker of that `offline` expired with no reaper pass in between.
+    redis_client.delete(marker_key(ACME, "linh"))
+    admission = await one.admission(ACME, "linh", "c3")
+    assert (admission.won, admission.unretracted) == (True, False)
+
+
 async def test_online_reads_the_keys_of_one_tenant_in_one_mget(stores):
     one, _ = stores
     await one.admit(ACME, "linh", "c1")

@@ -33,6 +33,7 @@ from relay.models import User
 
 if TYPE_CHECKING:
     from relay.consumers import GatewayConsumer
+    from relay.membership import MembershipBus
 
 logger = logging.getLogger("presence")
 
@@ -101,6 +102,28 @@ class Admitted:
     online: list[str] | None
     announced: str | None
     copies: int = 0
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A user's last local close, as its grace check needs it.
+
+    The `offline` goes to the user's channels at the decision, not at the close: a channel the
+    user was added to during the grace may have heard them announced `online` (`announce`), and
+    would otherwise never hear them leave. The channels at the close are brought up to date from
+    the membership bus, which every process hears every change on; the database is read only
+    when the bus no longer remembers the whole interval.
+    """
+
+    channels: frozenset[str]
+    user_pk: int
+    bus: "MembershipBus"
+    since: int
+
+    async def channels_now(self, environment_id: str, user_id: str) -> set[str]:
+        """The user's channels now."""
+        current = self.bus.channels_since(self.user_pk, set(self.channels), self.since)
+        return current if current is not None else await channels_of(environment_id, user_id)
 
 
 def suppressed(user_id: str, state: State, reason: str) -> None:
@@ -183,8 +206,8 @@ class PresenceService:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
         subject = (conn.environment_id, conn.user_id)
         last_local = self._forget(subject, conn.connection_id)
-        # The channels current at the close; only used if nobody comes back, when they are still right.
-        channels = set(conn.channel_ids)
+        # The channels at the close, and where the membership bus stood then (see `Departure`).
+        departure = Departure(frozenset(conn.channel_ids), conn.user.pk, conn.bus, conn.bus.mark())
         refreshing = self._refreshing
         if refreshing is not None:
             # A refresh in flight was built before this close and still carries the connection.
@@ -196,7 +219,7 @@ class PresenceService:
         # instead of racing the check (seed 004, R2b).
         await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
-            self._arm_grace_check(subject, channels)
+            self._arm_grace_check(subject, departure)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -210,14 +233,14 @@ class PresenceService:
         return True
 
     # ── the grace check ──────────────────────────────────────────────────────
-    def _arm_grace_check(self, subject: Subject, channels: set[str]) -> None:
+    def _arm_grace_check(self, subject: Subject, departure: Departure) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
         previous = self.pending.pop(subject, None)
         if previous is not None:
             previous.cancel()
         loop = asyncio.get_running_loop()
-        check = functools.partial(self._grace_check, subject, channels)
+        check = functools.partial(self._grace_check, subject, departure)
         self.pending[subject] = loop.call_later(self.timings.check_delay / 1000, self._fire, subject, check)
 
     def _fire(self, subject: Subject, work: Callable[[], Awaitable[None]]) -> None:
@@ -229,9 +252,9 @@ class PresenceService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject, channels: set[str]) -> None:
+    async def _grace_check(self, subject: Subject, departure: Departure) -> None:
         environment_id, user_id = subject
-        ordered = sorted(channels)
+        ordered = sorted(await departure.channels_now(environment_id, user_id))
         transition_id = str(uuid.uuid4())
         publish = self._in_store("offline", user_id, ordered, transition_id)
         outcome = await self.store.grace_check(environment_id, user_id, publish or ())

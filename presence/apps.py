@@ -6,8 +6,9 @@ class PresenceConfig(AppConfig):
     verbose_name = "Presence"
 
     def ready(self) -> None:
-        from presence import extension, shutdown
-        from relay import registry
+        from presence import announce, extension, shutdown
+        from relay import membership, registry
 
         registry.extension(extension.PresenceExtension())
+        membership.member_added.connect(announce.member_added, dispatch_uid="presence.announce")
         shutdown.install()

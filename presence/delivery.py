@@ -55,6 +55,8 @@ async def deliver(conn: "GatewayConsumer", message: dict, transition: Transition
     # A copy queued before a membership removal must not slip through after it.
     if transition.channel not in conn.channel_ids:
         return
+    if transition.audience is not None and conn.user_id not in transition.audience:
+        return
     if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return

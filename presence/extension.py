@@ -64,8 +64,9 @@ class PresenceExtension(registry.Extension):
 
     async def closed(self, conn: "GatewayConsumer") -> None:
         # Membership changes need nothing more: the consumer follows them with the groups, and the
-        # service reads `conn.channel_ids`, the very set the consumer keeps current, so the user's
-        # own later transitions go to the channels of now.
+        # service takes `conn.channel_ids`, the very set the consumer keeps current, brought up to
+        # date again when the grace check decides (actions.Departure), so the user's own later
+        # transitions go to the channels of now.
         delivery.fanout().gone(conn)
         await actions.service().disconnect(conn)
 

@@ -51,6 +51,9 @@ class Transition(StrictModel):
     # deduplicate, so a connection does not remember its id (each remembered id costs memory
     # on every idle watcher). Absent: unknown, deduplicated as always.
     copies: Annotated[int, Field(ge=1)] | None = None
+    # Whom it is for, when not every watcher of the channel: the announcement of a member just
+    # added goes only to those who could not see them before (`presence.announce`).
+    audience: list[Identifier] | None = None
 
     @property
     def single(self) -> bool:
@@ -59,12 +62,19 @@ class Transition(StrictModel):
 
 
 def transition_message(
-    user_id: str, state: State, transition_id: str, channel_id: str, copies: int | None = None
+    user_id: str,
+    state: State,
+    transition_id: str,
+    channel_id: str,
+    copies: int | None = None,
+    audience: list[str] | None = None,
 ) -> dict:
     """The group message for one channel's copy of a transition (`copies`: of how many)."""
     message = {"type": TRANSITION, "user": user_id, "state": state, "transition": transition_id, "channel": channel_id}
     if copies is not None:
         message["copies"] = copies
+    if audience is not None:
+        message["audience"] = audience
     return message
 
 

@@ -176,6 +176,19 @@ end
 return 2
 """
 
+# KEYS: key. ARGV: (channel, payload) pairs to PUBLISH if the user is online. The check and the
+# publish in one script: an `offline` decided by a grace check (also a script) falls wholly
+# before it, and then nothing is announced, or wholly after it, and then follows it.
+ANNOUNCE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+for i = 1, #ARGV, 2 do
+  redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
 # KEYS: deadlines. ARGV: ttl, grace, then per held user: member, n, n connection ids.
 # One round trip per instance per interval. Returns {member, had_marker, ...} for every key
 # found missing under a live connection (a Redis restart or eviction), which is re-elected.
@@ -522,3 +535,19 @@ def online_flags(subjects: Sequence[tuple[str, str]], op: str = "online_flags") 
     finally:
         metrics.redis_op_seconds(op).observe(time.perf_counter() - started)
     return [value is not None for value in values]
+
+
+def announce(environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]]) -> bool | None:
+    """PUBLISH each (channel, payload) of `publish` if, and only if, the user is online now.
+
+    Returns whether they were; None when Redis did not answer (logged as `presence.failed`).
+    """
+    started = time.perf_counter()
+    try:
+        script = sync_client().register_script(ANNOUNCE)
+        return bool(script(keys=[presence_key(environment_id, user_id)], args=[p for pair in publish for p in pair]))
+    except (redis.RedisError, OSError) as error:
+        record_failure("announce", error)
+        return None
+    finally:
+        metrics.redis_op_seconds("announce").observe(time.perf_counter() - started)

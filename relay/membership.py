@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
+from django.dispatch import Signal
 
 from relay.logging import log_event
 from relay.models import Channel, Membership, User
@@ -32,6 +33,11 @@ RECENT_CHANGES = 4096
 # channels-redis's core layer forgets a group member after a day (its group_expiry); the bus
 # joins again well before that. (The pub/sub layer keeps a subscription for the process's life.)
 REJOIN_SECONDS = 3600
+
+# Sent (sender=Membership, channel=, user=) once a membership was added and the user's live
+# connections were told: an app announces what the new membership makes visible to the
+# channel's other members (presence: the added user's `online`).
+member_added = Signal()
 
 
 class MembershipBus:
@@ -139,6 +145,19 @@ class MembershipBus:
                 self._hand(channel_name, message)
         return complete
 
+    def channels_since(self, user_pk: int, channel_ids: set[str], since: int) -> set[str] | None:
+        """`channel_ids` as of `since` (a `mark`), brought up to date with the user's changes since.
+
+        None when some of that interval is no longer remembered: the caller reads the database.
+        """
+        if self.recent and self.recent[0][0] > since + 1:
+            return None
+        current = set(channel_ids)
+        for seq, pk, message in self.recent:
+            if seq > since and pk == user_pk:
+                (current.add if message.get("member") else current.discard)(str(message.get("channel")))
+        return current
+
     def forget(self, user_pk: int, channel_name: str) -> None:
         """Stop handing `user_pk`'s changes to `channel_name`."""
         names = self.listeners.get(user_pk)
@@ -168,6 +187,10 @@ def add_member(channel: Channel, user: User) -> bool:
     except IntegrityError:
         return False
     _notify(user, channel, member=True)
+    for _, outcome in member_added.send_robust(sender=Membership, channel=channel, user=user):
+        # The membership stands whatever a listener does: it is durable and already made.
+        if isinstance(outcome, Exception):
+            log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
     return True
 
 

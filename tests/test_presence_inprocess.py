@@ -460,6 +460,60 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
         await socket.close()
 
 
+async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see_them(acme, settings, caplog):
+    from relay import membership
+
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit", "tuan"))
+    tuan = await Socket.open(acme.token("tuan"))
+    hermit = await Socket.open(acme.token("hermit"))
+    linh = await Socket.open(acme.token("linh"))
+    assert await tuan.wait_changes(3) == [
+        {"user": "tuan", "state": "online"},
+        {"user": "hermit", "state": "online"},
+        {"user": "linh", "state": "online"},
+    ]
+    assert hermit.changes("linh") == []
+
+    await database_sync_to_async(membership.add_member)(lab, acme.users["linh"])
+    # hermit could not see linh: he hears her `online` now. tuan saw her through fleet already.
+    assert await hermit.wait_changes(2) == [
+        {"user": "hermit", "state": "online"},
+        {"user": "linh", "state": "online"},
+    ]
+    await linh.close()
+    # Her departure reaches both, once each.
+    assert (await hermit.wait_changes(3))[2:] == [{"user": "linh", "state": "offline"}]
+    assert (await tuan.wait_changes(4))[3:] == [{"user": "linh", "state": "offline"}]
+    assert [(e["user"], e["watchers"]) for e in events(caplog, "presence.announced")] == [("linh", 1)]
+    for socket in (tuan, hermit):
+        await socket.close()
+
+
+async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(acme, settings):
+    from relay import membership
+
+    settings.RELAY_PRESENCE_GRACE_MS = 300
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))
+    hermit = await Socket.open(acme.token("hermit"))
+    assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
+    linh = await Socket.open(acme.token("linh"))
+    await linh.next_of("presence.snapshot")
+    await linh.close()
+    # Inside her grace she is still online, so lab's hermit hears her announced ...
+    await database_sync_to_async(membership.add_member)(lab, acme.users["linh"])
+    assert (await hermit.wait_changes(2))[1:] == [{"user": "linh", "state": "online"}]
+    # ... and her `offline`, decided after the grace, goes to lab too although her connection
+    # closed before she joined it: no ghost.
+    assert (await hermit.wait_changes(3))[1:] == [
+        {"user": "linh", "state": "online"},
+        {"user": "linh", "state": "offline"},
+    ]
+    await hermit.close()
+
+
 def test_admin_users_still_list_when_the_presence_store_is_down(acme, client, settings):
     staff = get_user_model().objects.create_superuser("admin", "admin@example.com", "pw")
     client.force_login(staff)

@@ -625,7 +625,7 @@ async def test_removing_a_member_takes_effect_on_live_connections_at_once(live_i
     await close_all(an, probe, tuan, ops_probe)
 
 
-async def test_a_member_added_through_the_api_hears_who_is_online_there_at_once(live_instances, acme):
+async def test_a_member_added_through_the_api_and_the_channel_hear_each_other_at_once(live_instances, acme):
     a, b = live_instances(2, **timings())
     await add_user(acme, "mai")
     await add_user(acme, "an")
@@ -637,11 +637,17 @@ async def test_a_member_added_through_the_api_hears_who_is_online_there_at_once(
     assert status == 201
     # mai, online on the other instance, is announced to linh's connection; an, offline, is not.
     assert await heard(linh, "mai", 1) == ["online"]
-    # From then on ops's transitions reach her as any member's do.
+    # And linh to mai's, from the instance that served the request.
+    assert await heard(mai, "linh", 1) == ["online"]
+    await logged(b, "presence.announced", user="linh", watchers=2)
+    # From then on ops's transitions reach both ways as any member's do.
     await mai.close()
     assert await heard(linh, "mai", 2) == ["online", "offline"]
     assert states(linh, "an") == []
-    await close_all(linh)
+    an = await connect(b, acme, "an")
+    await linh.close()
+    assert await heard(an, "linh", 1) == ["offline"]
+    await close_all(an)
 
 
 async def test_http_presence_answers_from_any_instance(live_instances, acme, globex):

@@ -230,6 +230,21 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
     assert (admission.won, admission.unretracted) == (True, False)
 
 
+async def test_an_announcement_is_published_only_while_the_user_is_online(stores, redis_client):
+    from presence.store import announce
+
+    one, _ = stores
+    listener = redis_client.pubsub()
+    listener.subscribe("announcements")
+    assert listener.get_message(timeout=1)["type"] == "subscribe"
+    assert announce(ACME, "linh", [("announcements", b"offline-linh")]) is False
+    await one.admit(ACME, "linh", "c1")
+    assert announce(ACME, "linh", [("announcements", b"online-linh")]) is True
+    heard = [listener.get_message(timeout=1) for _ in range(2)]
+    assert [m["data"] for m in heard if m] == ["online-linh"]
+    listener.close()
+
+
 async def test_online_reads_the_keys_of_one_tenant_in_one_mget(stores):
     one, _ = stores
     await one.admit(ACME, "linh", "c1")

@@ -1,0 +1,61 @@
+"""Announcing a user just added to a channel to the members who could not see them before.
+
+The other half of a live membership change: the added user's own connections hear who of the
+channel is online (`reads.announce_new_co_members`); here the channel's members hear the added
+user, if they are online, so a client that applies the snapshot and every change keeps the true
+state across the change. Run in the request that added the membership (`membership.member_added`).
+
+Without a ghost: the check that the user is online and the PUBLISH are one script, so a grace
+check's `offline` (also a script) either came first, and nothing is announced, or comes after,
+and goes to this channel too, because the `offline` is sent to the channels of the decision
+(`actions.Departure`).
+"""
+
+import logging
+import uuid
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from presence.fabric import group_name, transition_message
+from presence.store import announce
+from relay.connect_reads import channel_ids_of_user, co_member_external_ids
+from relay.layers import publications
+from relay.logging import log_event
+from relay.models import Channel, User
+
+logger = logging.getLogger("presence")
+
+
+def audience(channel: Channel, user: User) -> list[str]:
+    """The members of `channel` who share no other channel with `user` (the user left out)."""
+    environment_id = str(channel.environment_id)
+    members = co_member_external_ids(environment_id, [str(channel.id)])
+    others = channel_ids_of_user(user.pk) - {str(channel.id)}
+    already = co_member_external_ids(environment_id, others) if members else set()
+    return sorted(members - already - {user.external_id})
+
+
+async def _publications(sends: list[tuple[str, dict]]) -> list[tuple[str, bytes]] | None:
+    return publications(get_channel_layer(), sends, settings.RELAY_PRESENCE_REDIS_URL)
+
+
+def member_added(sender: type, channel: Channel, user: User, **kwargs: object) -> None:
+    """`membership.member_added` receiver: announce the user's `online` to those it is news to."""
+    watchers = audience(channel, user)
+    if not watchers:
+        return
+    message = transition_message(
+        user.external_id, "online", str(uuid.uuid4()), str(channel.id), copies=1, audience=watchers
+    )
+    publish = async_to_sync(_publications)([(group_name(str(channel.id)), message)])
+    if publish is None:
+        # The groups live on another Redis than presence (RELAY_PRESENCE_REDIS_URL), or on a
+        # layer whose messages a script cannot PUBLISH (the core layer): the check and the
+        # publish cannot be one script, and announcing after a separate check could follow the
+        # user's `offline` and leave a ghost. They hear the user's next transition.
+        return
+    if announce(str(channel.environment_id), user.external_id, publish):
+        # A count: the ids would be a membership graph in a log file.
+        log_event(logger, "presence.announced", user=user.external_id, watchers=len(watchers))

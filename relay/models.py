@@ -8,6 +8,7 @@ import hashlib
 import secrets
 import uuid
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -148,6 +149,12 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.channel}"
+
+    def clean(self) -> None:
+        # The API can only pair a tenant's own user and channel; admin forms could pair any two,
+        # and a user in another tenant's channel would hear its presence and messages.
+        if self.user_id and self.channel_id and self.user.environment_id != self.channel.environment_id:
+            raise ValidationError("The user and the channel belong to different environments.")
 
 
 class Message(models.Model):

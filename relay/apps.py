@@ -6,5 +6,6 @@ class RelayConfig(AppConfig):
     verbose_name = "Relay: tenants, users and channels"
 
     def ready(self) -> None:
-        # Registers the message frame, event and connection hooks (relay.registry).
-        from relay import chat  # noqa: F401
+        # chat registers the message frame, event and connection hooks (relay.registry);
+        # membership connects the receivers that carry every membership change to live connections.
+        from relay import chat, membership  # noqa: F401

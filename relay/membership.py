@@ -1,15 +1,18 @@
 """Channel membership, and telling a user's live connections when it changes.
 
-A change made through the API on any instance is sent once to the `membership` group, which
-each PROCESS joins once (the `MembershipBus` of its event loop); the bus hands it to the local
-connections of that user. A per-user group would cost every connection a SUBSCRIBE and an
-UNSUBSCRIBE, and would have to be joined before the user's channels are read, which needs the
-user, which needs its own database hop; the bus is joined once, and its short memory of recent
-changes (`mark` / `listen`) closes the gap between a connection's read and its registration.
+A change made on any instance (through the API, an admin form, a deletion that cascades) is sent
+once, after its commit, to the `membership` group, which each PROCESS joins once (the
+`MembershipBus` of its event loop); the bus hands it to the local connections of that user. A
+per-user group would cost every connection a SUBSCRIBE and an UNSUBSCRIBE, and would have to be
+joined before the user's channels are read, which needs the user, which needs its own database
+hop; the bus is joined once, and its short memory of recent changes (`mark` / `listen`) closes
+the gap between a connection's read and its registration.
 """
 
 import asyncio
+import functools
 import logging
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Coroutine
@@ -17,7 +20,8 @@ from collections.abc import Coroutine
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
-from django.dispatch import Signal
+from django.db.models.signals import post_delete, post_save, pre_save
+from django.dispatch import Signal, receiver
 
 from relay.logging import log_event
 from relay.models import Channel, Membership, User
@@ -186,29 +190,58 @@ def add_member(channel: Channel, user: User) -> bool:
             Membership.objects.create(channel=channel, user=user)
     except IntegrityError:
         return False
-    _notify(user, channel, member=True)
-    for _, outcome in member_added.send_robust(sender=Membership, channel=channel, user=user):
-        # The membership stands whatever a listener does: it is durable and already made.
-        if isinstance(outcome, Exception):
-            log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
     return True
 
 
 def remove_member(channel: Channel, user: User) -> bool:
     """End `user`'s membership of `channel`; return False when there was none."""
     deleted, _ = Membership.objects.filter(channel=channel, user=user).delete()
-    if deleted:
-        _notify(user, channel, member=False)
     return bool(deleted)
 
 
-def _notify(user: User, channel: Channel, *, member: bool) -> None:
-    # Sent after the row changed, so a connection reacting to it never reads the
-    # old state. A channel-layer fault leaves the change made (it is durable) and
-    # the live connections to pick it up on their next connect.
+# Every way a membership changes (the API, admin forms and bulk deletes, a user or channel
+# deleted with its memberships, the shell) reaches the live connections through these
+# receivers, once the change is committed: a connection reacting to it never reads the old
+# state, and a rolled-back change is never announced. bulk_create() sends no signal: it is
+# for building worlds nobody is connected to (setupdemo, the benchmark).
+
+
+@receiver(pre_save, sender=Membership)
+def _remember_the_old_pair(sender: type, instance: Membership, **kwargs: object) -> None:
+    instance._old_pair = (
+        Membership.objects.filter(pk=instance.pk).values_list("user_id", "channel_id").first() if instance.pk else None
+    )
+
+
+@receiver(post_save, sender=Membership)
+def _saved(sender: type, instance: Membership, created: bool, **kwargs: object) -> None:
+    old = getattr(instance, "_old_pair", None)
+    if old == (instance.user_id, instance.channel_id):
+        return
+    if old is not None:
+        transaction.on_commit(functools.partial(_notify, *old, member=False))
+    transaction.on_commit(functools.partial(_added, instance.channel, instance.user))
+
+
+@receiver(post_delete, sender=Membership)
+def _deleted(sender: type, instance: Membership, **kwargs: object) -> None:
+    transaction.on_commit(functools.partial(_notify, instance.user_id, instance.channel_id, member=False))
+
+
+def _added(channel: Channel, user: User) -> None:
+    _notify(user.pk, channel.pk, member=True)
+    for _, outcome in member_added.send_robust(sender=Membership, channel=channel, user=user):
+        # The membership stands whatever a listener does: it is durable and already made.
+        if isinstance(outcome, Exception):
+            log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
+
+
+def _notify(user_pk: int, channel_id: uuid.UUID, *, member: bool) -> None:
+    # A channel-layer fault leaves the change made (it is durable) and the live connections to
+    # pick it up on their next connect.
     try:
         async_to_sync(get_channel_layer().group_send)(
-            MEMBERSHIP_GROUP, {"type": EVENT, "user": user.pk, "channel": str(channel.id), "member": member}
+            MEMBERSHIP_GROUP, {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member}
         )
     except Exception as error:
         log_event(logger, "membership.notify_failed", logging.ERROR, error=type(error).__name__)

@@ -514,6 +514,47 @@ async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(ac
     await hermit.close()
 
 
+async def test_a_membership_changed_outside_the_api_takes_effect_live(acme):
+    from relay.models import Membership
+
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))
+    tuan = await Socket.open(acme.token("tuan"))
+    hermit = await Socket.open(acme.token("hermit"))
+    assert await tuan.wait_changes(1) == [{"user": "tuan", "state": "online"}]
+    assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
+
+    def move_tuan_from_fleet_to_lab() -> None:
+        # As an admin form does: the same row, another channel.
+        row = Membership.objects.get(channel=fleet, user=acme.users["tuan"])
+        row.channel = lab
+        row.save()
+
+    await database_sync_to_async(move_tuan_from_fleet_to_lab)()
+    # They shared no channel before lab: each hears the other is online.
+    assert (await tuan.wait_changes(2))[1:] == [{"user": "hermit", "state": "online"}]
+    assert (await hermit.wait_changes(2))[1:] == [{"user": "tuan", "state": "online"}]
+    layer = get_channel_layer()
+
+    async def transition(channel, user: str) -> None:
+        await layer.group_send(
+            group_name(str(channel.id)), transition_message(user, "online", str(uuid.uuid4()), str(channel.id))
+        )
+
+    await transition(fleet, "ghost")
+    await transition(lab, "spirit")
+    assert (await tuan.wait_changes(3))[2:] == [{"user": "spirit", "state": "online"}]
+
+    await database_sync_to_async(lambda: Membership.objects.filter(channel=lab, user=acme.users["tuan"]).delete())()
+    await transition(lab, "phantom")
+    await transition(general, "wisp")
+    assert (await tuan.wait_changes(4))[3:] == [{"user": "wisp", "state": "online"}]
+    assert "ghost" not in [change["user"] for change in tuan.changes()]
+    assert "phantom" not in [change["user"] for change in tuan.changes()]
+    for socket in (tuan, hermit):
+        await socket.close()
+
+
 def test_admin_users_still_list_when_the_presence_store_is_down(acme, client, settings):
     staff = get_user_model().objects.create_superuser("admin", "admin@example.com", "pw")
     client.force_login(staff)

@@ -54,6 +54,8 @@ class Instance:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen | None = None
+    # `relay.serve` (Daphne tuned, as deployed by the README) or `daphne` itself, the contract's command.
+    server: str = "relay.serve"
 
     @property
     def http_url(self) -> str:
@@ -69,7 +71,7 @@ class Instance:
         """Start Daphne and wait until /healthz answers."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "relay.serve", "-b", "127.0.0.1", "-p", str(self.port), "relay.asgi:application"],
+            [sys.executable, "-m", self.server, "-b", "127.0.0.1", "-p", str(self.port), "relay.asgi:application"],
             cwd=BASE_DIR,
             env=self.env,
             stdout=log,
@@ -137,9 +139,9 @@ def instance_env(database: str, redis_url: str, **overrides: str) -> dict[str, s
     return env
 
 
-def new_instance(name: str, directory: Path, env: dict[str, str]) -> Instance:
+def new_instance(name: str, directory: Path, env: dict[str, str], server: str = "relay.serve") -> Instance:
     """An Instance on a free port, logging to `directory/name.log` (not started)."""
-    return Instance(name=name, port=free_port(), env=env, log_path=directory / f"{name}.log")
+    return Instance(name=name, port=free_port(), env=env, log_path=directory / f"{name}.log", server=server)
 
 
 class FrameRecorder:

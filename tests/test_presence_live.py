@@ -128,6 +128,19 @@ async def close_all(*clients: WsClient) -> None:
 
 
 # ── who hears an arrival (FR-RTM-05, FR-RTM-07) ───────────────────────────────
+async def test_the_contracts_own_command_plain_daphne_serves_presence_across_instances(live_instances, acme):
+    # Everything else runs `relay.serve` (Daphne tuned); clients may deploy `daphne` itself.
+    a, b = live_instances(2, server="daphne", **timings())
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    assert tuan.of_type("presence.snapshot")[0] == {"online": ["linh", "tuan"]}
+    assert await heard(linh, "tuan", 1) == ["online"]
+    await tuan.close()
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    await logged(b, "presence.published", user="tuan", state="offline")
+    await close_all(linh)
+
+
 async def test_a_watcher_sharing_three_channels_gets_one_frame_from_another_instance(live_instances, acme):
     a, b = live_instances(2, **timings())
     await add_channel(acme, "ops", "public", ("linh", "tuan"))

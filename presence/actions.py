@@ -206,8 +206,9 @@ class PresenceService:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
         subject = (conn.environment_id, conn.user_id)
         last_local = self._forget(subject, conn.connection_id)
-        # The channels at the close, and where the membership bus stood then (see `Departure`).
-        departure = Departure(frozenset(conn.channel_ids), conn.user.pk, conn.bus, conn.bus.mark())
+        # The channels at the close, and the bus position they are current at: changes after it
+        # may still have been queued for the connection, unapplied (see `Departure`).
+        departure = Departure(frozenset(conn.channel_ids), conn.user.pk, conn.bus, conn.membership_seq)
         refreshing = self._refreshing
         if refreshing is not None:
             # A refresh in flight was built before this close and still carries the connection.

@@ -145,7 +145,11 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.user_id = self.user.external_id
         if not self.bus.listen(self.user.pk, self.channel_name, since):
             # More changes than the bus remembers came by during the read: read again.
+            since = self.bus.mark()
             self.channel_ids = await channels_of(self.user)
+        # The bus position `channel_ids` is known to be current at: every change of this user
+        # after it is applied here, or still queued for this connection (membership_changed).
+        self.membership_seq = since
         # Every app's groups, before any admit reads anything (registry.Extension.group).
         await group_add_many(self.channel_layer, self._groups(self.channel_ids), self.channel_name)
         try:
@@ -286,6 +290,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def membership_changed(self, event: dict) -> None:
         """The user joined or left a channel: keep `channel_ids` and every app's groups current."""
         channel_id = event["channel"]
+        self.membership_seq = max(self.membership_seq, event.get("seq", 0))
         if event["member"] and channel_id not in self.channel_ids:
             self.channel_ids.add(channel_id)
             await group_add_many(self.channel_layer, self._groups([channel_id]), self.channel_name)

@@ -107,6 +107,9 @@ class MembershipBus:
             log_event(logger, "membership.invalid_event", logging.ERROR)
             return
         self.seq += 1
+        # Numbered for the connections too: a closing one tells from which change on its
+        # `channel_ids` may be behind (`channels_since`).
+        message = {**message, "seq": self.seq}
         self.recent.append((self.seq, user_pk, message))
         for channel_name in self.listeners.get(user_pk, ()):
             self._hand(channel_name, message)

@@ -514,6 +514,33 @@ async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(ac
     await hermit.close()
 
 
+async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_the_close(acme, settings, monkeypatch):
+    from relay import membership
+    from relay.consumers import GatewayConsumer
+
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))
+    hermit = await Socket.open(acme.token("hermit"))
+    assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
+    linh = await Socket.open(acme.token("linh"))
+    await linh.next_of("presence.snapshot")
+
+    async def still_queued(self, event: dict) -> None:
+        """As if the close came first: the change reached the connection but was never applied."""
+
+    monkeypatch.setattr(GatewayConsumer, "membership_changed", still_queued)
+    await database_sync_to_async(membership.add_member)(lab, acme.users["linh"])
+    assert (await hermit.wait_changes(2))[1:] == [{"user": "linh", "state": "online"}]
+    await linh.close()
+    # Her connection never knew of lab, yet the `offline` goes there: no ghost.
+    assert (await hermit.wait_changes(3))[1:] == [
+        {"user": "linh", "state": "online"},
+        {"user": "linh", "state": "offline"},
+    ]
+    await hermit.close()
+
+
 async def test_a_membership_changed_outside_the_api_takes_effect_live(acme):
     from relay.models import Membership
 

@@ -15,6 +15,7 @@ import pytest
 import redis
 from asgiref.sync import SyncToAsync
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connections
 from django.test import Client
 
@@ -154,6 +155,14 @@ def globex(make_tenant: Callable[[str], Tenant]) -> Tenant:
     tenant.add_user("zed")
     tenant.add_channel("board", "private", members=("linh", "zed"))
     return tenant
+
+
+@pytest.fixture
+def staff(db: None) -> Client:
+    """Django's test client logged in to admin as a superuser."""
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("staff", "staff@example.com", "pw-unused-here"))
+    return client
 
 
 class ApiClient:

@@ -16,13 +16,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_user("staff", password="x", is_staff=True, is_superuser=True))
-    return client
-
-
-@pytest.fixture
 def online(acme, globex, redis_client):
     """linh online in acme (with the other keys presence keeps beside hers), zed in globex."""
     env = str(acme.environment.id)

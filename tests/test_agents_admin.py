@@ -37,13 +37,6 @@ def fleet(acme, globex) -> dict[str, Registration]:
     return rows
 
 
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(StaffUser.objects.create_superuser("admin", "admin@example.com", "pw"))
-    return client
-
-
 def listed(response) -> set[str]:
     return {row.instance for row in response.context["cl"].result_list}
 

@@ -1,19 +1,10 @@
 """Memberships in Django admin: staff can pair a tenant's own user and channel, never two tenants'."""
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from relay.models import Membership
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("staff", "staff@example.com", "pw-unused-here"))
-    return client
 
 
 def test_a_membership_across_environments_is_refused_and_one_within_is_made(staff, acme, globex):

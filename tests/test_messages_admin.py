@@ -1,20 +1,11 @@
 """Messages in Django admin: staff read them (text included), nobody edits them there."""
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from relay.messaging import do_send_message
 from relay.models import Message
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff() -> Client:
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("staff", "staff@example.com", "pw-unused-here"))
-    return client
 
 
 def test_staff_see_messages_with_their_text_and_can_filter_by_environment(staff, acme, globex):

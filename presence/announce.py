@@ -19,22 +19,14 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
+from presence.reads import newly_visible_ids
 from presence.store import announce
-from relay.connect_reads import channel_ids_of_user, co_member_external_ids
+from relay.connect_reads import channel_ids_of_user
 from relay.layers import publications
 from relay.logging import log_event
 from relay.models import Channel, User
 
 logger = logging.getLogger("presence")
-
-
-def audience(channel: Channel, user: User) -> list[str]:
-    """The members of `channel` who share no other channel with `user` (the user left out)."""
-    environment_id = str(channel.environment_id)
-    members = co_member_external_ids(environment_id, [str(channel.id)])
-    others = channel_ids_of_user(user.pk) - {str(channel.id)}
-    already = co_member_external_ids(environment_id, others) if members else set()
-    return sorted(members - already - {user.external_id})
 
 
 async def _publications(sends: list[tuple[str, dict]]) -> list[tuple[str, bytes]] | None:
@@ -43,13 +35,14 @@ async def _publications(sends: list[tuple[str, dict]]) -> list[tuple[str, bytes]
 
 def member_added(sender: type, channel: Channel, user: User, **kwargs: object) -> None:
     """`membership.member_added` receiver: announce the user's `online` to those it is news to."""
-    watchers = audience(channel, user)
+    channel_id = str(channel.id)
+    # Those who share no other channel with the user: the others already hear their transitions.
+    others = channel_ids_of_user(user.pk) - {channel_id}
+    watchers = newly_visible_ids(str(channel.environment_id), user.external_id, channel_id, others)
     if not watchers:
         return
-    message = transition_message(
-        user.external_id, "online", str(uuid.uuid4()), str(channel.id), copies=1, audience=watchers
-    )
-    publish = async_to_sync(_publications)([(group_name(str(channel.id)), message)])
+    message = transition_message(user.external_id, "online", str(uuid.uuid4()), channel_id, copies=1, audience=watchers)
+    publish = async_to_sync(_publications)([(group_name(channel_id), message)])
     if publish is None:
         # The groups live on another Redis than presence (RELAY_PRESENCE_REDIS_URL), or on a
         # layer whose messages a script cannot PUBLISH (the core layer): the check and the

@@ -26,7 +26,6 @@ def co_member_ids(environment_id: str, user_id: str, channel_ids: Collection[str
 co_members = database_sync_to_async(co_member_ids)
 
 
-@database_sync_to_async
 def newly_visible_ids(
     environment_id: str, user_id: str, channel_id: str, other_channel_ids: Collection[str]
 ) -> list[str]:
@@ -34,6 +33,9 @@ def newly_visible_ids(
     members = co_member_external_ids(environment_id, [channel_id])
     already = co_member_external_ids(environment_id, other_channel_ids) if members else set()
     return sorted(members - already - {user_id})
+
+
+newly_visible = database_sync_to_async(newly_visible_ids)
 
 
 async def announce_new_co_members(conn: "GatewayConsumer", channel_id: str) -> None:
@@ -47,7 +49,7 @@ async def announce_new_co_members(conn: "GatewayConsumer", channel_id: str) -> N
     shared channel are left out: the client already knows their state.
     """
     others = set(conn.channel_ids) - {channel_id}
-    candidates = await newly_visible_ids(conn.environment_id, conn.user_id, channel_id, others)
+    candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
     # None (the presence Redis down, logged by the store): nothing to tell; the next transitions will.
     for user_id in await actions.service().store.online(conn.environment_id, candidates) or ():
         await conn.send_frame("presence.changed", {"user": user_id, "state": "online"})

@@ -491,16 +491,22 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
         await socket.close()
 
 
-async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(acme, settings):
-    from relay import membership
-
-    settings.RELAY_PRESENCE_GRACE_MS = 300
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+async def _hermit_alone_in_lab_and_linh_online(acme) -> tuple:
+    """A new channel "lab" with hermit alone in it, and both hermit and linh connected."""
     lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))
     hermit = await Socket.open(acme.token("hermit"))
     assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
     linh = await Socket.open(acme.token("linh"))
     await linh.next_of("presence.snapshot")
+    return lab, hermit, linh
+
+
+async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(acme, settings):
+    from relay import membership
+
+    settings.RELAY_PRESENCE_GRACE_MS = 300
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
     await linh.close()
     # Inside her grace she is still online, so lab's hermit hears her announced ...
     await database_sync_to_async(membership.add_member)(lab, acme.users["linh"])
@@ -520,11 +526,7 @@ async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_t
 
     settings.RELAY_PRESENCE_GRACE_MS = 100
     settings.RELAY_PRESENCE_MARGIN_MS = 50
-    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))
-    hermit = await Socket.open(acme.token("hermit"))
-    assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
-    linh = await Socket.open(acme.token("linh"))
-    await linh.next_of("presence.snapshot")
+    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
 
     async def still_queued(self, event: dict) -> None:
         """As if the close came first: the change reached the connection but was never applied."""

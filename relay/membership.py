@@ -144,26 +144,30 @@ class MembershipBus:
         is no longer remembered: the caller must read the channels again.
         """
         self.listeners.setdefault(user_pk, set()).add(channel_name)
-        # The remembered changes are numbered without a gap, so the interval is all there when
-        # the oldest one remembered is no later than the first one after `since`.
-        complete = not self.recent or self.recent[0][0] <= since + 1
-        for seq, pk, message in self.recent:
-            if seq > since and pk == user_pk:
-                self._hand(channel_name, message)
-        return complete
+        for message in self._changes_since(user_pk, since):
+            self._hand(channel_name, message)
+        return self._remembers_since(since)
 
     def channels_since(self, user_pk: int, channel_ids: set[str], since: int) -> set[str] | None:
         """`channel_ids` as of `since` (a `mark`), brought up to date with the user's changes since.
 
         None when some of that interval is no longer remembered: the caller reads the database.
         """
-        if self.recent and self.recent[0][0] > since + 1:
+        if not self._remembers_since(since):
             return None
         current = set(channel_ids)
-        for seq, pk, message in self.recent:
-            if seq > since and pk == user_pk:
-                (current.add if message.get("member") else current.discard)(str(message.get("channel")))
+        for message in self._changes_since(user_pk, since):
+            (current.add if message.get("member") else current.discard)(str(message.get("channel")))
         return current
+
+    def _remembers_since(self, since: int) -> bool:
+        # The remembered changes are numbered without a gap, so the interval is all there when
+        # the oldest one remembered is no later than the first one after `since`.
+        return not self.recent or self.recent[0][0] <= since + 1
+
+    def _changes_since(self, user_pk: int, since: int) -> list[dict]:
+        """`user_pk`'s remembered changes after `since`, in order."""
+        return [message for seq, pk, message in self.recent if seq > since and pk == user_pk]
 
     def forget(self, user_pk: int, channel_name: str) -> None:
         """Stop handing `user_pk`'s changes to `channel_name`."""

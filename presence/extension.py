@@ -1,5 +1,6 @@
 """How presence plugs into every connection: the registry extension and the transition handler."""
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from presence import actions, delivery, reads
@@ -24,9 +25,11 @@ class PresenceExtension(registry.Extension):
     # and the snapshot directly follows the ack, ahead of a resume's backlog (contract section 3).
     order = 10
 
-    def load(self, user: "User", channel_ids: frozenset[str]) -> list[str]:
-        """The co-members (and the user) whose presence the snapshot reports, in the connect's database hop."""
-        return reads.co_member_ids(str(user.environment_id), user.external_id, channel_ids)
+    def load(self, sessions: Sequence[tuple["User", frozenset[str]]]) -> list[list[str]]:
+        """The co-members (and the user) whose presence each snapshot reports, in the connects' database hop."""
+        return reads.co_member_ids_of(
+            [(str(user.environment_id), user.external_id, channel_ids) for user, channel_ids in sessions]
+        )
 
     def group(self, channel_id: str) -> str:
         # Joined by the consumer BEFORE the election (`admit`): the subject hears its own

@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 
 from presence import actions
 from presence.store import online_flags
-from relay.connect_reads import co_member_external_ids
+from relay.connect_reads import co_member_external_ids, co_members_in, members_of_channels
 from relay.models import Channel, User
 
 if TYPE_CHECKING:
@@ -20,7 +20,16 @@ if TYPE_CHECKING:
 
 def co_member_ids(environment_id: str, user_id: str, channel_ids: Collection[str]) -> list[str]:
     """The ids of the environment's users sharing at least one of `channel_ids`, and the user."""
-    return sorted(co_member_external_ids(environment_id, channel_ids) | {user_id})
+    return co_member_ids_of([(environment_id, user_id, channel_ids)])[0]
+
+
+def co_member_ids_of(requests: Sequence[tuple[str, str, Collection[str]]]) -> list[list[str]]:
+    """`co_member_ids` of each (environment id, user id, channel ids), from one read of all the channels."""
+    members = members_of_channels({channel_id for _, _, channel_ids in requests for channel_id in channel_ids})
+    return [
+        sorted(co_members_in(members, environment_id, channel_ids) | {user_id})
+        for environment_id, user_id, channel_ids in requests
+    ]
 
 
 co_members = database_sync_to_async(co_member_ids)

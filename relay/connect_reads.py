@@ -1,10 +1,11 @@
-"""The connect path's three reads, in plain SQL: the token's user, their channels, their co-members.
+"""The connect path's reads, in plain SQL: the tokens' users, their channels, those channels' members.
 
-Every WebSocket connect runs them. Through the ORM they cost ≈ 700 µs of CPU together on the
+Every WebSocket connect needs them. Through the ORM they cost ≈ 700 µs of CPU together on the
 benchmark's SQLite database, almost all of it building and compiling the queries; as fixed SQL
-they cost ≈ 100 µs (docs/performance.md). Table and column names come from the models, and
-parameters and UUID results go through the fields' own conversions, so SQLite and PostgreSQL
-read the same.
+they cost ≈ 100 µs (docs/performance.md). Each read takes a whole batch of connects (the ones
+sharing a database hop, relay.consumers): one query per table for the batch, not one per connect.
+Table and column names come from the models, and parameters and UUID results go through the
+fields' own conversions, so SQLite and PostgreSQL read the same.
 """
 
 import uuid
@@ -19,10 +20,6 @@ _MEMBERSHIP = Membership._meta.db_table
 _CHANNEL = Channel._meta.db_table
 _UUID_FIELD = Channel._meta.pk
 
-# What a connection needs of its user; the rest of the row is loaded only if something reads it.
-_USER_SQL = f'SELECT "id", "external_id" FROM "{_USER}" WHERE "environment_id" = %s AND "external_id" = %s'
-_CHANNELS_SQL = f'SELECT "channel_id" FROM "{_MEMBERSHIP}" WHERE "user_id" = %s'
-
 
 def _param(value: str | uuid.UUID) -> object:
     """A UUID as the database stores it (hex text on SQLite, a uuid on PostgreSQL)."""
@@ -34,44 +31,99 @@ def _text(value: object) -> str:
     return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
 
 
-def user_by_external_id(environment_id: uuid.UUID, external_id: str) -> User | None:
-    """The environment's user with this id, or None (the unique index answers with one row).
+def _placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
 
-    Only the primary key and the ids are read, as `.only()` would: the row's other fields load
+
+def users_by_external_id(environment_id: uuid.UUID, external_ids: Collection[str]) -> dict[str, User]:
+    """The environment's users with these ids, by id (one query, on the unique index).
+
+    Only the primary key and the ids are read, as `.only()` would: the rows' other fields load
     on first access. (Manager.raw() with every column cost ≈ 80 µs a connect, most of it the
     fields' converters; the id and the environment need none.)
     """
+    if not external_ids:
+        return {}
+    sql = (
+        f'SELECT "id", "external_id" FROM "{_USER}" '
+        f'WHERE "environment_id" = %s AND "external_id" IN ({_placeholders(len(external_ids))})'
+    )
     with connection.cursor() as cursor:
-        cursor.execute(_USER_SQL, [_param(environment_id), external_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    pk, external_id = row
+        cursor.execute(sql, [_param(environment_id), *external_ids])
+        rows = cursor.fetchall()
     # from_db() takes the values in the model's field order.
-    return User.from_db(connection.alias, ["id", "environment_id", "external_id"], [pk, environment_id, external_id])
+    fields = ["id", "environment_id", "external_id"]
+    return {
+        external_id: User.from_db(connection.alias, fields, [pk, environment_id, external_id])
+        for pk, external_id in rows
+    }
+
+
+def user_by_external_id(environment_id: uuid.UUID, external_id: str) -> User | None:
+    """The environment's user with this id, or None."""
+    return users_by_external_id(environment_id, [external_id]).get(external_id)
+
+
+def channel_ids_of_users(user_pks: Collection[int]) -> dict[int, set[str]]:
+    """The ids of the channels each user is a member of; a user in none is left out."""
+    if not user_pks:
+        return {}
+    sql = f'SELECT "user_id", "channel_id" FROM "{_MEMBERSHIP}" WHERE "user_id" IN ({_placeholders(len(user_pks))})'
+    found: dict[int, set[str]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(user_pks))
+        for user_pk, channel_id in cursor.fetchall():
+            found.setdefault(user_pk, set()).add(_text(channel_id))
+    return found
 
 
 def channel_ids_of_user(user_pk: int) -> set[str]:
     """The ids of the channels the user is a member of."""
+    return channel_ids_of_users([user_pk]).get(user_pk, set())
+
+
+def members_of_channels(channel_ids: Collection[str]) -> dict[str, tuple[str, set[str]]]:
+    """Each channel's environment id and its members' external ids; unknown channels are left out.
+
+    Read from the memberships of those channels (their index), never from the environments'
+    users: the planner would otherwise walk every user of a tenant.
+    """
+    if not channel_ids:
+        return {}
+    sql = (
+        f'SELECT m."channel_id", c."environment_id", u."external_id" FROM "{_MEMBERSHIP}" m '
+        f'JOIN "{_USER}" u ON u."id" = m."user_id" '
+        f'JOIN "{_CHANNEL}" c ON c."id" = m."channel_id" '
+        f'WHERE m."channel_id" IN ({_placeholders(len(channel_ids))})'
+    )
+    found: dict[str, tuple[str, set[str]]] = {}
     with connection.cursor() as cursor:
-        cursor.execute(_CHANNELS_SQL, [user_pk])
-        return {_text(row[0]) for row in cursor.fetchall()}
+        cursor.execute(sql, [_param(channel_id) for channel_id in channel_ids])
+        for channel_id, environment_id, external_id in cursor.fetchall():
+            key = _text(channel_id)
+            if key not in found:
+                found[key] = (_text(environment_id), set())
+            found[key][1].add(external_id)
+    return found
+
+
+def co_members_in(
+    members: dict[str, tuple[str, set[str]]], environment_id: uuid.UUID | str, channel_ids: Collection[str]
+) -> set[str]:
+    """The external ids of the environment's users in any of `channel_ids`, from `members_of_channels`.
+
+    A channel of another environment counts for nothing, so a foreign channel id can never list
+    another tenant's users.
+    """
+    environment = _text(environment_id)
+    found: set[str] = set()
+    for channel_id in channel_ids:
+        entry = members.get(channel_id)
+        if entry is not None and entry[0] == environment:
+            found |= entry[1]
+    return found
 
 
 def co_member_external_ids(environment_id: uuid.UUID | str, channel_ids: Collection[str]) -> set[str]:
     """The external ids of the environment's users who are members of any of `channel_ids`."""
-    if not channel_ids:
-        return set()
-    placeholders = ", ".join(["%s"] * len(channel_ids))
-    # From the memberships of those channels (their index), never from the environment's users:
-    # the planner would otherwise walk every user of the tenant. The channel's environment is
-    # checked so a foreign channel id can never list another tenant's users.
-    sql = (
-        f'SELECT DISTINCT u."external_id" FROM "{_MEMBERSHIP}" m '
-        f'JOIN "{_USER}" u ON u."id" = m."user_id" '
-        f'JOIN "{_CHANNEL}" c ON c."id" = m."channel_id" '
-        f'WHERE m."channel_id" IN ({placeholders}) AND c."environment_id" = %s'
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*(_param(channel_id) for channel_id in channel_ids), _param(environment_id)])
-        return {row[0] for row in cursor.fetchall()}
+    return co_members_in(members_of_channels(channel_ids), environment_id, channel_ids)

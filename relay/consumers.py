@@ -25,13 +25,13 @@ from pydantic import ValidationError
 
 from relay import membership, metrics, registry
 from relay.batching import GroupCommit
-from relay.connect_reads import channel_ids_of_user
+from relay.connect_reads import channel_ids_of_user, channel_ids_of_users, users_by_external_id
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
 from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
 from relay.layers import group_add_many, group_discard_many
 from relay.logging import log_event
-from relay.models import User
-from relay.tokens import verify_token
+from relay.models import Environment, User
+from relay.tokens import authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -58,28 +58,58 @@ class Session:
 
 
 def _read_sessions(reads: list[tuple[str | None, list[registry.Extension]]]) -> list[Session | Exception]:
-    """Each (token, extensions)'s session, or the exception its read raised (InvalidToken, a database error)."""
+    """Each (token, extensions)'s session, or the exception that refused or failed it.
+
+    The batch shares its reads: one query for the users of each environment, one for all their
+    channels, one `load` per extension. A token that does not verify, or names no user, is its
+    own InvalidToken; a database error fails every connect whose token verified.
+    """
     outcomes: list[Session | Exception] = []
-    for token, extensions in reads:
+    subjects: dict[uuid.UUID, tuple[Environment, dict[int, str]]] = {}
+    for index, (token, _) in enumerate(reads):
         try:
-            outcomes.append(_read_session(token, extensions))
+            environment, subject = authenticate(token)
         except Exception as error:
             outcomes.append(error)
+        else:
+            outcomes.append(InvalidToken("unknown user"))  # unless the read below finds the user
+            subjects.setdefault(environment.id, (environment, {}))[1][index] = subject
+    sessions: dict[int, Session] = {}
+    try:
+        for environment_id, (environment, wanted) in subjects.items():
+            users = users_by_external_id(environment_id, set(wanted.values()))
+            for index, subject in wanted.items():
+                if (user := users.get(subject)) is not None:
+                    user.environment = environment  # the cached one, as select_related would
+                    sessions[index] = Session(user=user, channel_ids=set())
+        channels = channel_ids_of_users([session.user.pk for session in sessions.values()])
+    except Exception as error:
+        for _, wanted in subjects.values():
+            for index in wanted:
+                outcomes[index] = error
+        return outcomes
+    for index, session in sessions.items():
+        session.channel_ids = channels.get(session.user.pk, set())
+        outcomes[index] = session
+    for ext in dict.fromkeys(ext for _, extensions in reads for ext in extensions):
+        if type(ext).load is not registry.Extension.load:
+            _load(ext, [session for index, session in sessions.items() if ext in reads[index][1]])
     return outcomes
 
 
-def _read_session(token: str | None, extensions: list[registry.Extension]) -> Session:
-    session = Session(user=verify_token(token), channel_ids=set())
-    session.channel_ids = channel_ids_of_user(session.user.pk)
-    for ext in extensions:
-        if type(ext).load is registry.Extension.load:
-            continue
-        try:
-            session.loaded[ext] = ext.load(session.user, frozenset(session.channel_ids))
-        except Exception as error:
-            # The extension does without (as a failed hook would); the connection still opens.
-            log_hook_failure(f"{type(ext).__name__}.load", error)
-    return session
+def _load(ext: registry.Extension, sessions: list[Session]) -> None:
+    if not sessions:
+        return
+    try:
+        loaded = list(ext.load([(session.user, frozenset(session.channel_ids)) for session in sessions]))
+        if len(loaded) != len(sessions):
+            raise ValueError(f"{len(loaded)} results for {len(sessions)} sessions")
+    except Exception as error:
+        # The extension does without (as a failed hook would); the connections still open.
+        log_hook_failure(f"{type(ext).__name__}.load", error)
+        return
+    for session, value in zip(sessions, loaded, strict=True):
+        session.loaded[ext] = value
 
 
 _read_in_worker = database_sync_to_async(_read_sessions)

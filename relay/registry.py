@@ -6,7 +6,7 @@ life. An app adds a frame family by registering here from its `AppConfig.ready`;
 nothing in the consumer needs editing (seed 000: "one family, one owning module").
 """
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,13 +46,16 @@ class Extension:
 
     order: int = 100
 
-    def load(self, user: "User", channel_ids: frozenset[str]) -> Any:
-        """Before admit, SYNC, inside the connect's one database hop: read what the hooks need.
+    def load(self, sessions: Sequence[tuple["User", frozenset[str]]]) -> Sequence[Any]:
+        """Before admit, SYNC, inside the connects' shared database hop: read what the hooks need.
 
-        The result is `conn.loaded[self]` during `admit` and `opened` (dropped after, so an idle
+        `sessions` are the (user, channel ids) of every connect in the hop; return one result
+        for each, in order (read them together: one query for the batch, not one per connect).
+        A result is `conn.loaded[self]` during `admit` and `opened` (dropped after, so an idle
         connection does not keep it). Left alone, the extension costs the hop nothing.
-        An exception is logged and leaves `conn.loaded` without this extension's entry.
+        An exception is logged and leaves those connections' `conn.loaded` without this extension's entry.
         """
+        return ()
 
     def group(self, channel_id: str) -> str | None:
         """The channel-layer group this extension's events of `channel_id` travel through, if any.

@@ -14,12 +14,12 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
-from presence.extension import STATE_KEY, presence_transition
+from presence.extension import STATE_KEY, PresenceExtension, presence_transition
 from presence.fabric import Dedup, parse_transition, transition_message
-from relay import consumers, membership, tokens
+from relay import consumers, membership, registry, tokens
 from relay.asgi import application
 from relay.exceptions import InvalidToken
 from relay.layers import (
@@ -29,6 +29,7 @@ from relay.layers import (
     group_send_many,
     publications,
 )
+from relay.logging import event_fields
 from relay.models import Environment, User
 from relay.tokens import verify_token
 
@@ -80,6 +81,66 @@ async def test_connects_waiting_for_the_database_hop_share_the_next_one(acme, mo
     assert outcomes == ["linh", "tuan", 4401, "hermit"]
     for communicator in communicators:
         await communicator.disconnect()
+
+
+def _presence() -> PresenceExtension:
+    return next(ext for ext in registry.extensions if isinstance(ext, PresenceExtension))
+
+
+def test_a_hop_reads_its_connects_users_channels_and_co_members_with_one_query_each(acme, globex):
+    acme.add_user("solo")
+    acme.add_channel("den", "private", members=("hermit", "solo"))
+    presence = _presence()
+    reads = [
+        (acme.token("linh"), [presence]),
+        (acme.token("hermit"), [presence]),
+        ("forged", [presence]),
+        (acme.token("nobody"), [presence]),
+        (globex.token("linh"), [presence]),
+        (acme.token("tuan"), []),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        linh, hermit, forged, nobody, globex_linh, tuan = consumers._read_sessions(reads)
+    # Each connect gets its own user, channels and co-members, never another's of the batch.
+    assert (linh.user.external_id, linh.user.environment) == ("linh", acme.environment)
+    assert linh.channel_ids == {str(acme.channels["fleet"].id), str(acme.channels["general"].id)}
+    assert linh.loaded[presence] == ["linh", "tuan"]
+    assert hermit.channel_ids == {str(acme.channels["den"].id)}
+    assert hermit.loaded[presence] == ["hermit", "solo"]
+    assert (globex_linh.user.environment, globex_linh.loaded[presence]) == (globex.environment, ["linh", "zed"])
+    assert tuan.channel_ids == linh.channel_ids and presence not in tuan.loaded
+    assert isinstance(forged, InvalidToken) and isinstance(nobody, InvalidToken)
+    # One read of the users per environment, one of all their channels, one of those channels' members.
+    reads_sql = [query["sql"] for query in queries.captured_queries if '"relay_environment"' not in query["sql"]]
+    assert [sql.split(" FROM ")[1].split()[0] for sql in reads_sql] == [
+        '"relay_user"',
+        '"relay_user"',
+        '"relay_membership"',
+        '"relay_membership"',
+    ]
+
+
+def test_a_database_error_fails_the_hops_verified_connects_and_a_forged_token_stays_refused(acme, monkeypatch):
+    def unavailable(user_pks):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(consumers, "channel_ids_of_users", unavailable)
+    linh, forged = consumers._read_sessions([(acme.token("linh"), []), ("forged", [])])
+    assert isinstance(linh, OperationalError)
+    assert isinstance(forged, InvalidToken)
+
+
+def test_a_failing_load_is_logged_and_its_connects_open_without_it(acme, monkeypatch, caplog):
+    presence = _presence()
+
+    def broken(sessions):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(presence, "load", broken)
+    (linh,) = consumers._read_sessions([(acme.token("linh"), [presence])])
+    assert linh.user.external_id == "linh" and presence not in linh.loaded
+    failures = [event_fields(record) for record in caplog.records if record.getMessage() == "connection.hook_failed"]
+    assert failures == [{"hook": "PresenceExtension.load", "error": "OperationalError"}]
 
 
 def test_a_connect_reads_the_users_ids_only_and_the_rest_loads_on_first_access(acme):

@@ -47,7 +47,21 @@ def test_a_token_for_a_user_of_another_tenant_is_refused(acme, globex):
         verify_token(acme.token("zed"))
 
 
-@pytest.mark.parametrize("token", [None, "", "garbage", "a.b.c", "eyJhbGciOiJub25lIn0.eyJlbnYiOiJ4In0."])
+@pytest.mark.parametrize(
+    "token",
+    [
+        None,
+        "",
+        "garbage",
+        "a.b.c",
+        "eyJhbGciOiJub25lIn0.eyJlbnYiOiJ4In0.",
+        # Payloads that are JSON but not claims: an array, null, an `env` that is no UUID.
+        "a.W10.c",
+        "a.bnVsbA.c",
+        "a.eyJlbnYiOjF9.c",
+        "a.\u00e9\u00e9.c",
+    ],
+)
 def test_missing_and_malformed_tokens_are_refused(acme, token):
     assert verify_token(acme.token("linh")).external_id == "linh"
     with pytest.raises(InvalidToken):

@@ -96,15 +96,19 @@ def members_of_channels(channel_ids: Collection[str]) -> dict[str, tuple[str, se
         f'JOIN "{_CHANNEL}" c ON c."id" = m."channel_id" '
         f'WHERE m."channel_id" IN ({_placeholders(len(channel_ids))})'
     )
-    found: dict[str, tuple[str, set[str]]] = {}
+    # Keyed by the ids as the database returns them, converted once per channel and not once per
+    # member row: a channel of thousands would otherwise cost thousands of UUID conversions.
+    found: dict[object, tuple[object, set[str]]] = {}
     with connection.cursor() as cursor:
         cursor.execute(sql, [_param(channel_id) for channel_id in channel_ids])
         for channel_id, environment_id, external_id in cursor.fetchall():
-            key = _text(channel_id)
-            if key not in found:
-                found[key] = (_text(environment_id), set())
-            found[key][1].add(external_id)
-    return found
+            entry = found.get(channel_id)
+            if entry is None:
+                entry = found[channel_id] = (environment_id, set())
+            entry[1].add(external_id)
+    return {
+        _text(channel_id): (_text(environment_id), members) for channel_id, (environment_id, members) in found.items()
+    }
 
 
 def co_members_in(

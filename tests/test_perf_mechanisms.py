@@ -7,10 +7,12 @@ a connect, a message to a consumer of another process), against the real Redis.
 import asyncio
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import jwt
 import pytest
+import redis
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
@@ -21,6 +23,7 @@ from presence.extension import STATE_KEY, PresenceExtension, presence_transition
 from presence.fabric import Dedup, parse_transition, transition_message
 from relay import consumers, membership, registry, tokens
 from relay.asgi import application
+from relay.embedded_redis import EmbeddedRedis
 from relay.exceptions import InvalidToken
 from relay.layers import (
     RelayPubSubChannelLayer,
@@ -303,6 +306,22 @@ async def test_a_closed_connection_stops_listening_on_the_bus(acme):
 
 
 # ── Relay's pub/sub layer ────────────────────────────────────────────────────
+@pytest.fixture(scope="module")
+def own_redis_url() -> Iterator[str]:
+    """A Redis of these tests' own: they count commands server-wide (INFO commandstats), where a
+    client of another test still winding down (a layer re-subscribing) would be counted too."""
+    server = EmbeddedRedis().start()
+    yield server.url
+    server.close()
+
+
+@pytest.fixture
+def own_redis(own_redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
 def _layer(redis_url: str) -> RelayPubSubChannelLayer:
     return RelayPubSubChannelLayer(hosts=[redis_url], prefix="relay")
 
@@ -315,28 +334,28 @@ def _subscribes(redis_client) -> int:
     return redis_client.info("commandstats").get("cmdstat_subscribe", {}).get("calls", 0)
 
 
-async def test_consumers_share_one_inbox_subscription_and_local_sends_skip_redis(redis_url, redis_client):
-    layer = _layer(redis_url)
+async def test_consumers_share_one_inbox_subscription_and_local_sends_skip_redis(own_redis_url, own_redis):
+    layer = _layer(own_redis_url)
     try:
-        subscribes = _subscribes(redis_client)
+        subscribes = _subscribes(own_redis)
         names = [await layer.new_channel() for _ in range(5)]
-        assert _subscribes(redis_client) == subscribes + 1
-        publishes = _publishes(redis_client)
+        assert _subscribes(own_redis) == subscribes + 1
+        publishes = _publishes(own_redis)
         await layer.send(names[3], {"type": "hello", "n": 3})
         assert await layer.receive(names[3]) == {"type": "hello", "n": 3}
-        assert _publishes(redis_client) == publishes
+        assert _publishes(own_redis) == publishes
     finally:
         await layer.flush()
 
 
-async def test_a_send_from_another_process_reaches_the_consumer_through_its_inbox(redis_url, redis_client):
-    here, elsewhere = _layer(redis_url), _layer(redis_url)
+async def test_a_send_from_another_process_reaches_the_consumer_through_its_inbox(own_redis_url, own_redis):
+    here, elsewhere = _layer(own_redis_url), _layer(own_redis_url)
     try:
         mine, other = await here.new_channel(), await here.new_channel()
-        publishes = _publishes(redis_client)
+        publishes = _publishes(own_redis)
         await elsewhere.send(mine, {"type": "hello", "to": "mine"})
         assert await here.receive(mine) == {"type": "hello", "to": "mine"}
-        assert _publishes(redis_client) == publishes + 1
+        assert _publishes(own_redis) == publishes + 1
         # The inbox delivered to that channel only.
         await here.send(other, {"type": "probe"})
         assert await here.receive(other) == {"type": "probe"}
@@ -358,18 +377,18 @@ async def test_a_group_add_returns_once_redis_has_the_subscription(redis_url, re
         await layer.flush()
 
 
-async def test_group_send_many_is_one_round_trip_and_reaches_every_group(redis_url, redis_client):
-    layer = _layer(redis_url)
+async def test_group_send_many_is_one_round_trip_and_reaches_every_group(own_redis_url, own_redis):
+    layer = _layer(own_redis_url)
     try:
         members = {}
         for group in ("g.one", "g.two", "g.three"):
             members[group] = await layer.new_channel()
             await layer.group_add(group, members[group])
-        publishes = _publishes(redis_client)
+        publishes = _publishes(own_redis)
         await group_send_many(layer, [(group, {"type": "t", "group": group}) for group in members])
         for group, channel in members.items():
             assert await layer.receive(channel) == {"type": "t", "group": group}
-        assert _publishes(redis_client) == publishes + 3
+        assert _publishes(own_redis) == publishes + 3
     finally:
         await layer.flush()
 
@@ -394,26 +413,26 @@ def _unsubscribes(redis_client) -> int:
     return redis_client.info("commandstats").get("cmdstat_unsubscribe", {}).get("calls", 0)
 
 
-async def test_a_connections_groups_are_joined_with_one_subscribe_and_confirmed(redis_url, redis_client):
-    layer = _layer(redis_url)
+async def test_a_connections_groups_are_joined_with_one_subscribe_and_confirmed(own_redis_url, own_redis):
+    layer = _layer(own_redis_url)
     try:
         first, second = await layer.new_channel(), await layer.new_channel()
         await layer.group_add("g.shared", second)
-        subscribes = _subscribes(redis_client)
+        subscribes = _subscribes(own_redis)
         await group_add_many(layer, ["g.a", "g.b", "g.shared"], first)
         # One SUBSCRIBE for the two groups new to the process; the shared one was already there.
-        assert _subscribes(redis_client) == subscribes + 1
-        numsub = dict(redis_client.pubsub_numsub("relay__group__g.a", "relay__group__g.b"))
+        assert _subscribes(own_redis) == subscribes + 1
+        numsub = dict(own_redis.pubsub_numsub("relay__group__g.a", "relay__group__g.b"))
         assert numsub == {"relay__group__g.a": 1, "relay__group__g.b": 1}
-        await _layer(redis_url).group_send("g.b", {"type": "ping"})
+        await _layer(own_redis_url).group_send("g.b", {"type": "ping"})
         assert await layer.receive(first) == {"type": "ping"}
 
-        unsubscribes = _unsubscribes(redis_client)
+        unsubscribes = _unsubscribes(own_redis)
         await group_discard_many(layer, ["g.a", "g.b", "g.shared"], first)
         # One UNSUBSCRIBE, for the groups nobody here is left in; the other member keeps g.shared.
-        assert _unsubscribes(redis_client) == unsubscribes + 1
-        assert dict(redis_client.pubsub_numsub("relay__group__g.a"))["relay__group__g.a"] == 0
-        await _layer(redis_url).group_send("g.shared", {"type": "still"})
+        assert _unsubscribes(own_redis) == unsubscribes + 1
+        assert dict(own_redis.pubsub_numsub("relay__group__g.a"))["relay__group__g.a"] == 0
+        await _layer(own_redis_url).group_send("g.shared", {"type": "still"})
         assert await layer.receive(second) == {"type": "still"}
     finally:
         await layer.flush()

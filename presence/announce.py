@@ -19,9 +19,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
-from presence.reads import newly_visible_ids
+from presence.reads import members_newly_seeing
 from presence.store import announce
-from relay.connect_reads import channel_ids_of_user
 from relay.layers import publications
 from relay.logging import log_event
 from relay.models import Channel, User
@@ -33,12 +32,13 @@ async def _publications(sends: list[tuple[str, dict]]) -> list[tuple[str, bytes]
     return publications(get_channel_layer(), sends, settings.RELAY_PRESENCE_REDIS_URL)
 
 
-def member_added(sender: type, channel: Channel, user: User, **kwargs: object) -> None:
+def member_added(
+    sender: type, channel: Channel, user: User, membership_id: int | None = None, **kwargs: object
+) -> None:
     """`membership.member_added` receiver: announce the user's `online` to those it is news to."""
     channel_id = str(channel.id)
-    # Those who share no other channel with the user: the others already hear their transitions.
-    others = channel_ids_of_user(user.pk) - {channel_id}
-    watchers = newly_visible_ids(str(channel.environment_id), user.external_id, channel_id, others)
+    # Those who shared no other channel with the user: the others already hear their transitions.
+    watchers = members_newly_seeing(str(channel.environment_id), user, channel_id, membership_id)
     if not watchers:
         return
     message = transition_message(user.external_id, "online", str(uuid.uuid4()), channel_id, copies=1, audience=watchers)

@@ -8,11 +8,12 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from channels.db import database_sync_to_async
+from django.db.models import Exists, OuterRef
 
 from presence import actions
 from presence.store import online_flags
 from relay.connect_reads import co_member_external_ids, co_members_in, members_of_channels
-from relay.models import Channel, User
+from relay.models import Channel, Membership, User
 
 if TYPE_CHECKING:
     from relay.consumers import GatewayConsumer
@@ -45,6 +46,37 @@ def newly_visible_ids(
 
 
 newly_visible = database_sync_to_async(newly_visible_ids)
+
+
+def members_newly_seeing(environment_id: str, user: User, channel_id: str, membership_id: int | None) -> list[str]:
+    """The members of `channel_id` who could not see `user` before this membership (no other shared channel).
+
+    With `membership_id`, the new row's id, "before" is by membership id on both sides: a
+    membership counts only if it was made before this one. Two additions committed together
+    (two channels in one transaction, or two requests racing) that make the same pair visible
+    are then judged in the order they were made, and the pair is told once, by the first,
+    instead of each finding the other and neither telling. Without it (an existing row moved to
+    this pair, which has no place in that order), every other membership counts. A membership
+    removed again before this runs makes nobody newly visible.
+    """
+    before = {} if membership_id is None else {"id__lt": membership_id}
+    if membership_id is not None and not Membership.objects.filter(pk=membership_id, user=user).exists():
+        return []
+    # X and the user in the same other channel, both memberships made before this one (one
+    # filter() call: the conditions on `channel__memberships` describe the same row).
+    shared_before = Membership.objects.filter(
+        user_id=OuterRef("user_id"),
+        channel__memberships__user_id=user.pk,
+        **before,
+        **{f"channel__memberships__{lookup}": value for lookup, value in before.items()},
+    ).exclude(channel_id=channel_id)
+    members = (
+        Membership.objects.filter(channel_id=channel_id, channel__environment_id=environment_id, **before)
+        .exclude(user_id=user.pk)
+        .exclude(Exists(shared_before))
+        .values_list("user__external_id", flat=True)
+    )
+    return sorted(members)
 
 
 async def announce_new_co_members(conn: "GatewayConsumer", channel_id: str) -> None:

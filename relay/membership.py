@@ -38,9 +38,10 @@ RECENT_CHANGES = 4096
 # joins again well before that. (The pub/sub layer keeps a subscription for the process's life.)
 REJOIN_SECONDS = 3600
 
-# Sent (sender=Membership, channel=, user=) once a membership was added and the user's live
-# connections were told: an app announces what the new membership makes visible to the
-# channel's other members (presence: the added user's `online`).
+# Sent (sender=Membership, channel=, user=, membership_id=) once a membership was added and the
+# user's live connections were told: an app announces what the new membership makes visible to
+# the channel's other members (presence: the added user's `online`). `membership_id` is the new
+# row's id, which orders it among the additions; None for an existing row moved to this pair.
 member_added = Signal()
 
 
@@ -227,7 +228,8 @@ def _saved(sender: type, instance: Membership, created: bool, **kwargs: object) 
         return
     if old is not None:
         transaction.on_commit(functools.partial(_notify, *old, member=False))
-    transaction.on_commit(functools.partial(_added, instance.channel, instance.user))
+    added = functools.partial(_added, instance.channel, instance.user, instance.pk if old is None else None)
+    transaction.on_commit(added)
 
 
 @receiver(post_delete, sender=Membership)
@@ -235,9 +237,10 @@ def _deleted(sender: type, instance: Membership, **kwargs: object) -> None:
     transaction.on_commit(functools.partial(_notify, instance.user_id, instance.channel_id, member=False))
 
 
-def _added(channel: Channel, user: User) -> None:
+def _added(channel: Channel, user: User, membership_id: int | None) -> None:
     _notify(user.pk, channel.pk, member=True)
-    for _, outcome in member_added.send_robust(sender=Membership, channel=channel, user=user):
+    added = member_added.send_robust(sender=Membership, channel=channel, user=user, membership_id=membership_id)
+    for _, outcome in added:
         # The membership stands whatever a listener does: it is durable and already made.
         if isinstance(outcome, Exception):
             log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)

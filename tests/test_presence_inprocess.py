@@ -491,6 +491,35 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
         await socket.close()
 
 
+async def test_two_channels_added_together_announce_the_pair_once(acme, settings, caplog):
+    from django.db import transaction
+
+    from relay import membership
+
+    settings.RELAY_PRESENCE_GRACE_MS = 100
+    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
+    den = await database_sync_to_async(acme.add_channel)("den", "private", members=("hermit",))
+
+    def both_at_once() -> None:
+        # Committed together: when each addition is announced, the other is already there.
+        with transaction.atomic():
+            membership.add_member(lab, acme.users["linh"])
+            membership.add_member(den, acme.users["linh"])
+
+    await database_sync_to_async(both_at_once)()
+    # Each side hears the other once: the first addition made them visible, the second did not.
+    assert (await hermit.wait_changes(2))[1:] == [{"user": "linh", "state": "online"}]
+    assert await linh.wait_changes(2) == [{"user": "linh", "state": "online"}, {"user": "hermit", "state": "online"}]
+    assert [(e["user"], e["watchers"]) for e in events(caplog, "presence.announced")] == [("linh", 1)]
+    await linh.close()
+    assert (await hermit.wait_changes(3))[1:] == [
+        {"user": "linh", "state": "online"},
+        {"user": "linh", "state": "offline"},
+    ]
+    await hermit.close()
+
+
 async def _hermit_alone_in_lab_and_linh_online(acme) -> tuple:
     """A new channel "lab" with hermit alone in it, and both hermit and linh connected."""
     lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))

@@ -101,9 +101,10 @@ def test_a_hop_reads_its_connects_users_channels_and_co_members_with_one_query_e
         (acme.token("nobody"), [presence]),
         (globex.token("linh"), [presence]),
         (acme.token("tuan"), []),
+        (acme.token("linh"), [presence]),  # her second device, in the same batch
     ]
     with CaptureQueriesContext(connection) as queries:
-        linh, hermit, forged, nobody, globex_linh, tuan = consumers._read_sessions(reads)
+        linh, hermit, forged, nobody, globex_linh, tuan, linh_again = consumers._read_sessions(reads)
     # Each connect gets its own user, channels and co-members, never another's of the batch.
     assert (linh.user.external_id, linh.user.environment) == ("linh", acme.environment)
     assert linh.channel_ids == {str(acme.channels["fleet"].id), str(acme.channels["general"].id)}
@@ -112,6 +113,8 @@ def test_a_hop_reads_its_connects_users_channels_and_co_members_with_one_query_e
     assert hermit.loaded[presence] == ["hermit", "solo"]
     assert (globex_linh.user.environment, globex_linh.loaded[presence]) == (globex.environment, ["linh", "zed"])
     assert tuan.channel_ids == linh.channel_ids and presence not in tuan.loaded
+    assert linh_again.user.pk == linh.user.pk
+    assert (linh_again.channel_ids, linh_again.loaded) == (linh.channel_ids, linh.loaded)
     assert isinstance(forged, InvalidToken) and isinstance(nobody, InvalidToken)
     # One read of the users per environment, one of all their channels, one of those channels' members.
     reads_sql = [query["sql"] for query in queries.captured_queries if '"relay_environment"' not in query["sql"]]

@@ -15,8 +15,10 @@ client only grows its own socket buffer.
 """
 
 import asyncio
+import functools
 import logging
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from channels.layers import get_channel_layer
@@ -35,8 +37,8 @@ logger = logging.getLogger("presence")
 STATE_KEY = "presence"
 
 
-async def deliver(conn: "GatewayConsumer", message: dict, transition: Transition | None) -> None:
-    """Deliver one transition (`message`, parsed as `transition`) to a connection at most once, as `{user, state}`."""
+async def deliver(conn: "GatewayConsumer", message: dict, parsed: Callable[[], Transition | None]) -> None:
+    """Deliver one transition (`message`; `parsed()` validates it) to a connection at most once, as `{user, state}`."""
     dedup: Dedup | None = conn.state.get(STATE_KEY)
     if dedup is None:
         return
@@ -45,6 +47,7 @@ async def deliver(conn: "GatewayConsumer", message: dict, transition: Transition
     if dedup.drop_sent_ahead(message.get("transition")):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
+    transition = parsed()
     if transition is None:
         # Validated on receipt although the fabric is inside the trust boundary: a malformed
         # payload must never reach a client.
@@ -106,7 +109,9 @@ class Fanout:
 
     async def deliver(self, message: dict, members: tuple[str, ...]) -> None:
         """Write one transition to each member, or queue it behind what the member has queued."""
-        transition = parse_transition(message)
+        # Validated once, when a member first needs it: a connection's own `online` coming back to
+        # it alone (what every first connect of a user publishes) is dropped without it.
+        transition = functools.cache(functools.partial(parse_transition, message))
         for channel in members:
             conn = self.watchers.get(channel)
             if conn is None or self.layer.backlog(channel):

@@ -1,5 +1,6 @@
 """How presence plugs into every connection: the registry extension and the transition handler."""
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -78,4 +79,4 @@ class PresenceExtension(registry.Extension):
 async def presence_transition(conn: "GatewayConsumer", message: dict) -> None:
     """A transition queued for this connection (on a layer without the process-wide fan-out, or
     behind what the connection had queued): delivered as `Fanout` delivers the others."""
-    await delivery.deliver(conn, message, parse_transition(message))
+    await delivery.deliver(conn, message, functools.partial(parse_transition, message))

@@ -10,6 +10,7 @@ import logging
 import uuid
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
@@ -159,3 +160,28 @@ async def test_one_watchers_failure_does_not_cost_the_others_their_frame(acme, q
     assert queued == []
     await linh.disconnect()
     await tuan.disconnect()
+
+
+async def test_a_connections_own_online_coming_back_to_it_is_dropped_unvalidated(acme, queued, monkeypatch):
+    den = str((await database_sync_to_async(acme.add_channel)("den", "private", members=("hermit",))).id)
+    validated: list[str] = []
+
+    def counted(parse):
+        def parse_counted(message: dict):
+            validated.append(message["user"])
+            return parse(message)
+
+        return parse_counted
+
+    # Both ways a transition reaches a connection: the process's fan-out and the connection's queue.
+    monkeypatch.setattr(delivery, "parse_transition", counted(delivery.parse_transition))
+    monkeypatch.setattr(extension, "parse_transition", counted(extension.parse_transition))
+    hermit = await _open_live(acme.token("hermit"), "hermit")
+    # His own `online` comes back to him alone through Redis, after it was sent ahead; another
+    # user's transition in the same channel, behind it, is validated and delivered.
+    spirit = transition_message("spirit", "online", str(uuid.uuid4()), den)
+    await get_channel_layer().group_send(group_name(den), spirit)
+    frames = await _frames_until(hermit, "presence.changed", "spirit")
+    assert _changed(frames) == [{"user": "spirit", "state": "online"}]
+    assert validated == ["spirit"]
+    await hermit.disconnect()

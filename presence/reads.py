@@ -57,11 +57,11 @@ def members_newly_seeing(environment_id: str, user: User, channel_id: str, membe
     are then judged in the order they were made, and the pair is told once, by the first,
     instead of each finding the other and neither telling. Without it (an existing row moved to
     this pair, which has no place in that order), every other membership counts. A membership
-    removed again before this runs makes nobody newly visible.
+    removed or moved again before this runs makes nobody newly visible.
     """
     before = {} if membership_id is None else {"id__lt": membership_id}
-    if membership_id is not None and not Membership.objects.filter(pk=membership_id, user=user).exists():
-        return []
+    if before and not Membership.objects.filter(pk=membership_id, user=user, channel_id=channel_id).exists():
+        return []  # removed (or moved) again since
     # X and the user in the same other channel, both memberships made before this one (one
     # filter() call: the conditions on `channel__memberships` describe the same row).
     shared_before = Membership.objects.filter(

@@ -72,8 +72,11 @@ def channel_ids_of_users(user_pks: Collection[int]) -> dict[int, set[str]]:
     found: dict[int, set[str]] = {}
     with connection.cursor() as cursor:
         cursor.execute(sql, list(user_pks))
-        for user_pk, channel_id in cursor.fetchall():
-            found.setdefault(user_pk, set()).add(_text(channel_id))
+        rows = cursor.fetchall()
+    # Once per channel, as in members_of_channels: the batch's users often share their channels.
+    texts = {channel_id: _text(channel_id) for channel_id in {channel_id for _, channel_id in rows}}
+    for user_pk, channel_id in rows:
+        found.setdefault(user_pk, set()).add(texts[channel_id])
     return found
 
 

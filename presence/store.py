@@ -36,6 +36,7 @@ from redis.retry import Retry
 from relay import metrics
 from relay.batching import GroupCommit
 from relay.logging import log_event
+from relay.redis_client import pack_with_hiredis
 
 logger = logging.getLogger("presence")
 
@@ -328,6 +329,7 @@ class PresenceStore:
         # retries=0: redis-py retries three times with backoff by default, which turns a dead
         # store into a stall on every call instead of one quick, logged failure.
         self.client = aioredis.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
+        pack_with_hiredis(self.client.connection_pool)
         self._admit = self.client.register_script(ADMIT)
         self._release = self.client.register_script(RELEASE)
         self._grace_check = self.client.register_script(GRACE_CHECK)

@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer, RedisSingleShardConnection
 from channels_redis.utils import _wrap_close
 
+from relay.redis_client import pack_with_hiredis
+
 # Where a cross-process send carries its target's full name inside the published message.
 TARGET_KEY = "__relay_channel__"
 # How long a new subscription waits for Redis to confirm it (a round trip: well under 1 ms here).
@@ -100,6 +102,12 @@ class _Shard(RedisSingleShardConnection):
         self._confirming: dict[str, asyncio.Future] = {}
         # Wakes the receiver as soon as there is a first subscription to read.
         self._subscribed = asyncio.Event()
+
+    def _ensure_redis(self) -> None:
+        if self._redis is None:
+            super()._ensure_redis()
+            # Before its first connection: the subscriptions and publishes are packed in C.
+            pack_with_hiredis(self._redis.connection_pool)
 
     async def subscribe(self, channel: str) -> None:
         """Subscribe to one channel (see `subscribe_many`)."""

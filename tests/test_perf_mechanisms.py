@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 
 from presence.extension import STATE_KEY, PresenceExtension, presence_transition
 from presence.fabric import Dedup, parse_transition, transition_message
+from presence.store import PresenceStore, Timings
 from relay import consumers, membership, registry, tokens
 from relay.asgi import application
 from relay.embedded_redis import EmbeddedRedis
@@ -34,6 +35,7 @@ from relay.layers import (
 )
 from relay.logging import event_fields
 from relay.models import Environment, User
+from relay.redis_client import pack_with_hiredis
 from relay.tokens import verify_token
 
 # ── the signing-secret cache ─────────────────────────────────────────────────
@@ -563,3 +565,56 @@ async def test_the_backlog_counts_what_a_consumer_has_not_finished_handling(redi
         assert layer.backlog(channel) == 0
     finally:
         await layer.flush()
+
+
+# ── commands packed by hiredis ───────────────────────────────────────────────
+def _python_packed(*commands: tuple) -> bytes:
+    # redis-py's own asyncio packer, the reference for the bytes on the wire.
+    connection = redis.asyncio.Connection()
+    return b"".join(redis.asyncio.Connection.pack_commands(connection, commands))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("EVALSHA", "0123abcd", 2, "presence:k", b"raw\x00bytes", 30_000, 1.5, "ünïcode"),
+        ("CLIENT SETNAME", "relay"),
+        (b"CLIENT SETNAME", "relay"),
+        ("PUBLISH", "", b""),
+    ],
+)
+def test_hiredis_packs_the_bytes_redis_pys_python_packer_would(command):
+    pool = pack_with_hiredis(redis.asyncio.ConnectionPool.from_url("redis://127.0.0.1:1/0"))
+    connection = pool.make_connection()
+    assert type(connection).__name__ == "HiredisConnection"
+    assert b"".join(connection.pack_command(*command)) == _python_packed(command)
+    assert b"".join(connection.pack_commands([command, ("PING",)])) == _python_packed(command, ("PING",))
+
+
+def test_hiredis_packing_keeps_the_urls_connection_class_and_redis_pys_error():
+    pool = pack_with_hiredis(redis.asyncio.ConnectionPool.from_url("unix:///tmp/relay-test.sock"))
+    connection = pool.make_connection()
+    assert isinstance(connection, redis.asyncio.UnixDomainSocketConnection)
+    assert connection.pack_command("GET", "k") == [b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"]
+    with pytest.raises(redis.DataError):
+        connection.pack_command("SET", "k", None)
+
+
+async def test_the_layer_and_the_presence_store_pack_with_hiredis_against_the_real_redis(redis_url):
+    layer = _layer(redis_url)
+    store = PresenceStore(redis_url, Timings(grace=100, ttl=1000, refresh=300, margin=10, max_connections=5))
+    try:
+        channel = await layer.new_channel()
+        await group_add_many(layer, ["messages.packed"], channel)
+        await _layer(redis_url).group_send("messages.packed", {"type": "ünïcode", "blob": b"\x00\xff"})
+        assert await layer.receive(channel) == {"type": "ünïcode", "blob": b"\x00\xff"}
+        env = str(uuid.uuid4())
+        assert await store.admit(env, "linh", "c1") == (True, True)
+        assert await store.admit(env, "linh", "c2") == (True, False)
+        assert await store.online(env, ["linh", "tuan"]) == ["linh"]
+        classes = {type(connection).__name__ for connection in store.client.connection_pool._available_connections}
+        classes |= {type(layer._shards[0]._pubsub.connection).__name__}
+        assert classes == {"HiredisConnection"}
+    finally:
+        await layer.flush()
+        await store.close()

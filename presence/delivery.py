@@ -74,6 +74,9 @@ class Fanout:
         # By channel name; weak, so a consumer that ended without its close hook is not kept.
         self.watchers: weakref.WeakValueDictionary[str, GatewayConsumer] = weakref.WeakValueDictionary()
         self.pending: asyncio.Queue[tuple[dict, tuple[str, ...]]] = asyncio.Queue()
+        # The `online`s this loop's connections deliver to themselves, by transition id: the
+        # connection's channel name and its Dedup, which counts the copies still to come.
+        self.own: dict[str, tuple[str, Dedup]] = {}
         self.claimed = False
         self._task: asyncio.Task | None = None
 
@@ -95,12 +98,49 @@ class Fanout:
     def gone(self, conn: "GatewayConsumer") -> None:
         """`conn` is closing: nothing more is written to it from here."""
         self.watchers.pop(conn.channel_name, None)
+        dedup: Dedup | None = conn.state.get(STATE_KEY)
+        if dedup is not None and dedup.ahead is not None:
+            self.own.pop(dedup.ahead, None)
+
+    def expect_own(self, conn: "GatewayConsumer", dedup: Dedup) -> None:
+        """`conn` delivers the transition `dedup` sent ahead to itself: drop its copies as they are read.
+
+        Said before the election that may publish it. The copies come back to this process while
+        the connection is still being admitted (Redis writes them before the election's reply),
+        and then went to the connection's queue, re-serialized, to be dropped by its consumer
+        after the connect: every first connect paid for that. `withdraw_own` undoes it.
+        """
+        if dedup.ahead is not None and self.claim():
+            self.own[dedup.ahead] = (conn.channel_name, dedup)
+
+    def withdraw_own(self, dedup: Dedup) -> None:
+        """The connection's election published nothing: forget what `expect_own` said, in both places."""
+        if dedup.ahead is not None:
+            self.own.pop(dedup.ahead, None)
+        dedup.withdraw()
 
     def received(self, message: dict, members: tuple[str, ...]) -> None:
         """One transition read off Redis, with the channels that were in its group at that moment."""
+        transition_id = message.get("transition") if isinstance(message, dict) else None
+        own = self.own.get(transition_id) if isinstance(transition_id, str) else None
+        if own is not None:
+            members = self._without_own_copy(transition_id, members, *own)
+            if not members:
+                return
         self.pending.put_nowait((message, members))
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._deliver_forever())
+
+    def _without_own_copy(
+        self, transition_id: str, members: tuple[str, ...], channel: str, dedup: Dedup
+    ) -> tuple[str, ...]:
+        if channel not in members or not dedup.drop_sent_ahead(transition_id):
+            return members
+        metrics.PRESENCE_DEDUP_DROPS.inc()
+        if dedup.ahead is None:
+            # Its last copy.
+            del self.own[transition_id]
+        return tuple(member for member in members if member != channel)
 
     async def _deliver_forever(self) -> None:
         while True:

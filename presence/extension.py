@@ -1,6 +1,7 @@
 """How presence plugs into every connection: the registry extension and the transition handler."""
 
 import functools
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 # Who of the co-members was online at the election, read in its round trip; sent after the ack.
 SNAPSHOT_KEY = "presence.snapshot"
-# The `online` this connection's election published, if it did: (transition id, copies).
+# Whether this connection's election published its user's `online`.
 ANNOUNCED_KEY = "presence.announced"
 
 
@@ -39,13 +40,25 @@ class PresenceExtension(registry.Extension):
         return group_name(channel_id)
 
     async def admit(self, conn: "GatewayConsumer") -> None:
-        conn.state[STATE_KEY] = Dedup()
+        dedup = conn.state[STATE_KEY] = Dedup()
         watch = conn.loaded.get(self)
-        admitted = await actions.service().connect(conn, watch or ())
+        # The `online` this connection would publish is delivered to it by `opened`, not by the
+        # fabric: its id is known before the election, so the copies that come back are dropped
+        # as they are read, even before the election's reply (one per channel, if it wins).
+        transition_id = str(uuid.uuid4())
+        dedup.sent_ahead(transition_id, copies=len(conn.channel_ids))
+        fanout = delivery.fanout()
+        fanout.expect_own(conn, dedup)
+        announced = False
+        try:
+            admitted = await actions.service().connect(conn, watch or (), transition_id)
+            announced = admitted.announced is not None
+        finally:
+            if not announced:
+                fanout.withdraw_own(dedup)
         if watch is not None:
             conn.state[SNAPSHOT_KEY] = sorted(admitted.online or [])
-        if admitted.announced is not None:
-            conn.state[ANNOUNCED_KEY] = (admitted.announced, admitted.copies)
+        conn.state[ANNOUNCED_KEY] = announced
 
     async def opened(self, conn: "GatewayConsumer") -> None:
         online = conn.state.pop(SNAPSHOT_KEY, None)
@@ -53,12 +66,10 @@ class PresenceExtension(registry.Extension):
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
         await conn.send_frame("presence.snapshot", {"online": online})
-        announced = conn.state.pop(ANNOUNCED_KEY, None)
-        if announced is not None:
+        if conn.state.pop(ANNOUNCED_KEY, False):
             # The user's own `online`, which this connection published, is delivered to it here,
             # in the same write as the ack and the snapshot, rather than after a trip through
-            # Redis and the channel layer; its copies on the fabric are dropped when they come.
-            conn.state[STATE_KEY].sent_ahead(*announced)
+            # Redis and the channel layer; its copies on the fabric are dropped (see `admit`).
             await conn.send_frame("presence.changed", {"user": conn.user_id, "state": "online"})
         # Last: a transition written straight to the socket must come after the snapshot.
         delivery.fanout().live(conn)

@@ -139,8 +139,21 @@ class Dedup:
         self._ahead_copies = 0
 
     def sent_ahead(self, transition_id: str, copies: int) -> None:
-        """The connection delivered this transition itself; its `copies` copies on the fabric are drops."""
+        """The connection delivers this transition to itself; its `copies` copies on the fabric are drops.
+
+        Said before its election: the copies exist only if it wins, and may come back before the
+        election's own reply does.
+        """
         self._ahead, self._ahead_copies = transition_id, copies
+
+    @property
+    def ahead(self) -> str | None:
+        """The id of the transition sent ahead whose copies are still to come, if any."""
+        return self._ahead
+
+    def withdraw(self) -> None:
+        """Nothing was sent ahead after all (the election published nothing): no copies will come."""
+        self._ahead, self._ahead_copies = None, 0
 
     def drop_sent_ahead(self, transition_id: object) -> bool:
         """True for a copy of the transition sent ahead (forgotten with its last copy)."""

@@ -15,7 +15,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
 from presence import delivery, extension
-from presence.fabric import TRANSITION, group_name, transition_message
+from presence.fabric import TRANSITION, Dedup, group_name, transition_message
 from relay import registry
 from relay.asgi import application
 from relay.layers import group_send_many
@@ -184,4 +184,62 @@ async def test_a_connections_own_online_coming_back_to_it_is_dropped_unvalidated
     frames = await _frames_until(hermit, "presence.changed", "spirit")
     assert _changed(frames) == [{"user": "spirit", "state": "online"}]
     assert validated == ["spirit"]
+    # Its copy came back before spirit's, and nothing is left expecting it.
+    assert delivery.fanout().own == {}
     await hermit.disconnect()
+
+
+class _Connection:
+    """What the fan-out reads of a connection: its channel name and its state."""
+
+    def __init__(self, channel_name: str) -> None:
+        self.channel_name = channel_name
+        self.state = {delivery.STATE_KEY: Dedup()}
+
+
+def _sent_ahead(fanout: delivery.Fanout, conn: _Connection, den: str, copies: int) -> dict:
+    own = transition_message(conn.channel_name, "online", str(uuid.uuid4()), den, copies=copies)
+    conn.state[delivery.STATE_KEY].sent_ahead(own["transition"], copies)
+    fanout.expect_own(conn, conn.state[delivery.STATE_KEY])
+    return own
+
+
+async def test_the_copies_of_an_own_online_are_dropped_as_they_are_read_even_before_the_connection_is_live():
+    fanout = delivery.Fanout()
+    hermit, linh = _Connection("relay.hermit"), _Connection("relay.linh")
+    den = str(uuid.uuid4())
+    # Neither is live (in `watchers`) yet: the election's copies come back while it is admitted.
+    own = _sent_ahead(fanout, hermit, den, copies=2)
+    fanout.received(own, (hermit.channel_name,))
+    assert fanout.pending.empty()
+    # Another transition in the group is handed to the delivery task, and so is a malformed one.
+    other = transition_message("spirit", "online", str(uuid.uuid4()), den)
+    fanout.received(other, (hermit.channel_name,))
+    malformed = {**other, "transition": ["not", "an", "id"]}
+    fanout.received(malformed, (hermit.channel_name,))
+    # The own copy's last one, shared with linh, still goes to linh.
+    fanout.received(own, (hermit.channel_name, linh.channel_name))
+    assert [fanout.pending.get_nowait() for _ in range(3)] == [
+        (other, (hermit.channel_name,)),
+        (malformed, (hermit.channel_name,)),
+        (own, (linh.channel_name,)),
+    ]
+    # Counted to the last copy, then forgotten in both places: a later copy is not dropped.
+    assert fanout.own == {}
+    assert hermit.state[delivery.STATE_KEY].ahead is None
+    fanout.received(own, (hermit.channel_name,))
+    assert fanout.pending.get_nowait() == (own, (hermit.channel_name,))
+    fanout._task.cancel()
+
+
+async def test_an_election_that_published_nothing_withdraws_its_expected_copies():
+    fanout = delivery.Fanout()
+    tuan = _Connection("relay.tuan")
+    own = _sent_ahead(fanout, tuan, str(uuid.uuid4()), copies=1)
+    assert list(fanout.own) == [own["transition"]]
+    fanout.withdraw_own(tuan.state[delivery.STATE_KEY])
+    assert fanout.own == {}
+    assert tuan.state[delivery.STATE_KEY].ahead is None
+    fanout.received(own, (tuan.channel_name,))
+    assert fanout.pending.get_nowait() == (own, (tuan.channel_name,))
+    fanout._task.cancel()

@@ -16,7 +16,7 @@ from channels.testing import WebsocketCommunicator
 from django.apps import apps
 from django.contrib.auth import get_user_model
 
-from presence import actions
+from presence import actions, delivery
 from presence.actions import CLOSE_TOO_MANY_CONNECTIONS
 from presence.fabric import group_name, transition_message
 from presence.store import connections_key, presence_key
@@ -197,6 +197,8 @@ async def test_the_limit_closes_the_next_connection_4429_and_changes_nothing(acm
     assert await refused.closed() == CLOSE_TOO_MANY_CONNECTIONS
     assert refused.frames == []
     assert redis_client.zcard(connections_key(str(acme.environment.id), "tuan")) == 2
+    # The `online` the refused connection would have delivered to itself is expected no more.
+    assert delivery.fanout().own == {}
     # A slot frees when a connection closes.
     await first.close()
     third = await Socket.open(acme.token("tuan"))
@@ -210,6 +212,7 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
     linh = await Socket.open(acme.token("linh"))
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
     assert await linh.next_of("presence.snapshot") == {"online": []}
+    assert delivery.fanout().own == {}
     # The socket still works for everything else.
     await linh.communicator.send_to(text_data="not json")
     assert (await linh.next_of("error"))["code"] == "invalid_frame"

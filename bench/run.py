@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,14 +40,16 @@ class Sizes:
     connect_cpu_rounds: int
     # Frames per watcher in the fan-out bursts: Relay on each layer, and the ceiling server.
     ceiling_frames: int
+    # Connects counted under callgrind (about 50 times slower than natively).
+    instruction_connections: int
 
 
 # The climb goes in 50/s steps up to the 500/s target, so the highest rate held is known within 50.
 FULL_CHURN_RATES = (*range(100, 501, 50), 600, 800, 1000)
-FULL = Sizes(10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 3, 1000)
-QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300)
+FULL = Sizes(10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 3, 1000, 300)
+QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300, 200)
 # CI's smoke run: every phase and every key, in seconds; the numbers mean nothing at this size.
-SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 1, 10)
+SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 1, 10, 5)
 MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 # Scaled presence timings for the churn phases, so each pair's `offline` lands in the window.
@@ -204,7 +207,15 @@ class Server:
         self.log.close()
 
 
-def daphne(name: str, workdir: Path, app: str = "relay.asgi:application", **env: str) -> Server:
+def daphne(
+    name: str,
+    workdir: Path,
+    app: str = "relay.asgi:application",
+    under: str = "",
+    ready_seconds: float = 60,
+    **env: str,
+) -> Server:
+    """A Daphne process serving `app` (`under`: a command line it runs inside, such as valgrind's)."""
     from relay.embedded_redis import free_port
 
     port = free_port()
@@ -214,9 +225,9 @@ def daphne(name: str, workdir: Path, app: str = "relay.asgi:application", **env:
     argv = [
         "bash",
         "-c",
-        f'ulimit -n "$(ulimit -Hn)"; exec "{sys.executable}" -m relay.serve -b 127.0.0.1 -p {port} {app}',
+        f'ulimit -n "$(ulimit -Hn)"; exec {under} "{sys.executable}" -m relay.serve -b 127.0.0.1 -p {port} {app}',
     ]
-    return Server(name, argv, child_env, workdir, port).wait_ready()
+    return Server(name, argv, child_env, workdir, port).wait_ready(ready_seconds)
 
 
 def ceiling_server(workdir: Path) -> Server:
@@ -576,6 +587,66 @@ def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
     }
 
 
+def _connect_instructions(world: World, workdir: Path, name: str, app: str, count: int) -> int | None:
+    """Instructions a server executes (every thread, user space) for `count` first connects under callgrind."""
+    users = world.users(f"instructions-{name}", count + 1)
+    channel_of = {uid: world.channel(f"instructions-room-{uid}", [uid]) for uid in users}
+    out = workdir / f"callgrind-{name}"
+    # Counting starts at zero after the process's one-off costs (callgrind_control -z) and is
+    # written out once the connects are acknowledged (-d), as _connect_cpu measures them.
+    server = daphne(
+        f"{name}-instructions",
+        workdir,
+        app=app,
+        under=f"valgrind --tool=callgrind --callgrind-out-file={out}.%p",
+        ready_seconds=600,
+    )
+    try:
+        if app == "bench.bare:application":
+            urls = [server.ws_url(f"channels={channel_of[uid]}") for uid in users]
+        else:
+            urls = [server.ws_url(f"token={world.token(uid)}") for uid in users]
+        open_and_close(urls[:1])
+        subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True)
+        load = LoadGen({"scenario": "idle", "urls": urls[1:], "concurrency": 50})
+        load.expect("ready")
+        subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True, capture_output=True)
+        load.release()
+        load.finish()
+    finally:
+        server.stop()
+    for line in Path(f"{out}.{server.pid}.1").read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    return None
+
+
+def phase_connect_instructions(world: World, workdir: Path, sizes: Sizes) -> dict:
+    """Relay's instructions per connect against the bare consumer's, counted by callgrind.
+
+    CPU seconds on a shared machine vary by ±12 % from one round to the next (the connect ratio is
+    a median of rounds for that reason); the instructions a connect executes do not, to ±2 %.
+    They leave out what the kernel does (accept, reads, writes, the same for both servers) and
+    what the machine does to the process (caches, a busy neighbour core), so this ratio is a
+    supporting number beside `ratio.connect_cpu_vs_bare`, and the one to compare changes by.
+    Skipped where valgrind is not installed.
+    """
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        say("connect instructions: skipped, valgrind is not installed")
+        return {"_connect_instructions": "skipped: valgrind is not installed"}
+    count = sizes.instruction_connections
+    relay = _connect_instructions(world, workdir, "relay", "relay.asgi:application", count)
+    bare = _connect_instructions(world, workdir, "bare", "bench.bare:application", count)
+    if not relay or not bare:
+        return {"_connect_instructions": "not counted: callgrind wrote no totals"}
+    say(f"connect instructions: relay {relay / count / 1e6:.2f} M, bare {bare / count / 1e6:.2f} M")
+    return {
+        "_connect_instructions_relay_m": round(relay / count / 1e6, 3),
+        "_connect_instructions_bare_m": round(bare / count / 1e6, 3),
+        "_connect_instructions_ratio": round(relay / bare, 3),
+    }
+
+
 def phase_ceiling(workdir: Path, sizes: Sizes, watchers: int) -> dict:
     server = ceiling_server(workdir)
     try:
@@ -778,12 +849,14 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="every phase at toy sizes, in seconds (CI)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where latest.json and latest.md go")
     parser.add_argument(
-        "--only", nargs="*", help="run only these phases (idle notify churn commands cpu ceiling layers)"
+        "--only",
+        nargs="*",
+        help="run only these phases (idle notify churn commands cpu instructions ceiling layers)",
     )
     args = parser.parse_args()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = MODES[mode]
-    phases = set(args.only or ["idle", "notify", "churn", "commands", "cpu", "ceiling", "layers"])
+    phases = set(args.only or ["idle", "notify", "churn", "commands", "cpu", "instructions", "ceiling", "layers"])
     started = time.time()
     sys.path.insert(0, str(BASE_DIR))
     from relay.embedded_redis import EmbeddedRedis
@@ -821,6 +894,8 @@ def main() -> int:
             results.update(phase_commands(world, workdir, redis_client))
         if fresh("cpu"):
             results.update(phase_connect_cpu(world, workdir, sizes))
+        if fresh("instructions"):
+            results.update(phase_connect_instructions(world, workdir, sizes))
         if fresh("layers"):
             results.update(phase_layers(world, workdir, sizes, redis_server.url, watchers=20))
         if fresh("ceiling") and "_burst_pubsub_frames_per_s" in results:

@@ -95,13 +95,11 @@ class Admitted:
     """What a connection's admission found: who of those asked is online, and its own `online`.
 
     `online` is None when Redis did not answer. `announced` is the id of the `online` this
-    connection's election published to the user's channels (`copies` of them), None when it
-    published nothing.
+    connection's election published to the user's channels, None when it published nothing.
     """
 
     online: list[str] | None
     announced: str | None
-    copies: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,7 +201,7 @@ class PresenceService:
             return Admitted(online=admission.online, announced=None)
         if not channels:
             return Admitted(online=admission.online, announced=None)
-        return Admitted(online=admission.online, announced=transition_id, copies=len(channels))
+        return Admitted(online=admission.online, announced=transition_id)
 
     async def disconnect(self, conn: "GatewayConsumer") -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""

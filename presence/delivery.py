@@ -99,8 +99,9 @@ class Fanout:
         """`conn` is closing: nothing more is written to it from here."""
         self.watchers.pop(conn.channel_name, None)
         dedup: Dedup | None = conn.state.get(STATE_KEY)
-        if dedup is not None and dedup.ahead is not None:
-            self.own.pop(dedup.ahead, None)
+        if dedup is not None:
+            # Copies still to come go to no one now.
+            self.withdraw_own(dedup)
 
     def expect_own(self, conn: "GatewayConsumer", dedup: Dedup) -> None:
         """`conn` delivers the transition `dedup` sent ahead to itself: drop its copies as they are read.
@@ -114,7 +115,10 @@ class Fanout:
             self.own[dedup.ahead] = (conn.channel_name, dedup)
 
     def withdraw_own(self, dedup: Dedup) -> None:
-        """The connection's election published nothing: forget what `expect_own` said, in both places."""
+        """Forget what `expect_own` said, in both places: no copies are to be dropped for this connection.
+
+        Its election published nothing, or it is closing.
+        """
         if dedup.ahead is not None:
             self.own.pop(dedup.ahead, None)
         dedup.withdraw()

@@ -24,9 +24,9 @@ class _HiredisPacking:
     """Packs commands with hiredis's C packer, as redis-py's blocking connections already do.
 
     redis-py's asyncio connections (5.x to 8.x) always pack in Python: an encode, a length
-    header and a join per argument. A connect's election script carries ≈ 17 arguments, its
-    SUBSCRIBE a few more, and the packing was ≈ 5 % of the event loop's time per connect
-    (docs/performance.md). The arguments are split and encoded as redis-py's own
+    header and a join per argument. A connect's election script carries ≈ 17 arguments; packing
+    and parsing in Python were ≈ 14 % of the event loop's instructions per connect
+    (docs/performance.md, 21). The arguments are split and encoded as redis-py's own
     HiredisRespSerializer does, so the bytes on the wire are the same.
     """
 
@@ -46,12 +46,14 @@ def _pack(args: tuple) -> bytes:
     try:
         return hiredis.pack_command(args)
     except TypeError as error:
-        # redis-py's own message for an argument it cannot send (None, a bool, a dict...).
+        # redis-py's error type for an argument it cannot send (None, a bool, a dict...).
         raise DataError(str(error)) from error
 
 
 @functools.cache
 def _packing(connection_class: type) -> type:
+    if issubclass(connection_class, _HiredisPacking):
+        return connection_class
     return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
 
 

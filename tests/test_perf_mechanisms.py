@@ -593,6 +593,9 @@ def test_hiredis_packs_the_bytes_redis_pys_python_packer_would(command):
 
 def test_hiredis_packing_keeps_the_urls_connection_class_and_redis_pys_error():
     pool = pack_with_hiredis(redis.asyncio.ConnectionPool.from_url("unix:///tmp/relay-test.sock"))
+    mixed = pool.connection_class
+    # Mixed in once, however often it is asked for.
+    assert pack_with_hiredis(pool).connection_class is mixed
     connection = pool.make_connection()
     assert isinstance(connection, redis.asyncio.UnixDomainSocketConnection)
     assert connection.pack_command("GET", "k") == [b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"]

@@ -243,3 +243,13 @@ async def test_an_election_that_published_nothing_withdraws_its_expected_copies(
     fanout.received(own, (tuan.channel_name,))
     assert fanout.pending.get_nowait() == (own, (tuan.channel_name,))
     fanout._task.cancel()
+
+
+async def test_a_connection_closing_before_its_copies_came_back_leaves_nothing_expected():
+    fanout = delivery.Fanout()
+    tuan, linh = _Connection("relay.tuan"), _Connection("relay.linh")
+    _sent_ahead(fanout, tuan, str(uuid.uuid4()), copies=2)
+    kept = _sent_ahead(fanout, linh, str(uuid.uuid4()), copies=1)
+    fanout.gone(tuan)
+    assert list(fanout.own) == [kept["transition"]]
+    assert tuan.state[delivery.STATE_KEY].ahead is None

@@ -11,6 +11,7 @@ the browser has stopped (fixture order sees to both).
 """
 
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -97,8 +98,14 @@ def relays(live_instances: Callable[..., list[Instance]]) -> Callable[[int], lis
 
 
 @pytest.fixture
-def chromium(request: pytest.FixtureRequest, relays: Callable[[int], list[Instance]]) -> Iterator[Browsing]:
-    """A headless Chromium; a failing test leaves screenshots and console logs in test-artifacts/."""
+def chromium(
+    request: pytest.FixtureRequest, relays: Callable[[int], list[Instance]], tmp_path: Path
+) -> Iterator[Browsing]:
+    """A headless Chromium; a failing test leaves its evidence in test-artifacts/.
+
+    Each page's screenshot and console log, and the instances' logs (one JSON event a line,
+    nothing secret).
+    """
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
     with sync_playwright() as playwright:
@@ -107,7 +114,12 @@ def chromium(request: pytest.FixtureRequest, relays: Callable[[int], list[Instan
         )
         yield browsing
         if failed(request.node):
-            browsing.keep_artifacts(ARTIFACTS / re.sub(r"[^\w.-]+", "_", request.node.name))
+            artifacts = ARTIFACTS / re.sub(r"[^\w.-]+", "_", request.node.name)
+            browsing.keep_artifacts(artifacts)
+            # The relays' logs (live_instances writes them to this test's tmp_path): a close code
+            # the page did not expect is explained there.
+            for log in tmp_path.glob("*.log"):
+                shutil.copy(log, artifacts / log.name)
         browsing.browser.close()
     if browsing.page_errors and not failed(request.node):
         pytest.fail("uncaught errors in the page:\n" + "\n".join(browsing.page_errors))

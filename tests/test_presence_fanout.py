@@ -204,6 +204,15 @@ def _sent_ahead(fanout: delivery.Fanout, conn: _Connection, den: str, copies: in
     return own
 
 
+def _assert_forgotten(fanout: delivery.Fanout, conn: _Connection, own: dict) -> None:
+    """Nothing is expected of `conn` any more, in the fan-out or its Dedup: a later copy is not dropped."""
+    assert fanout.own == {}
+    assert conn.state[delivery.STATE_KEY].ahead is None
+    fanout.received(own, (conn.channel_name,))
+    assert fanout.pending.get_nowait() == (own, (conn.channel_name,))
+    fanout._task.cancel()
+
+
 async def test_the_copies_of_an_own_online_are_dropped_as_they_are_read_even_before_the_connection_is_live():
     fanout = delivery.Fanout()
     hermit, linh = _Connection("relay.hermit"), _Connection("relay.linh")
@@ -224,12 +233,8 @@ async def test_the_copies_of_an_own_online_are_dropped_as_they_are_read_even_bef
         (malformed, (hermit.channel_name,)),
         (own, (linh.channel_name,)),
     ]
-    # Counted to the last copy, then forgotten in both places: a later copy is not dropped.
-    assert fanout.own == {}
-    assert hermit.state[delivery.STATE_KEY].ahead is None
-    fanout.received(own, (hermit.channel_name,))
-    assert fanout.pending.get_nowait() == (own, (hermit.channel_name,))
-    fanout._task.cancel()
+    # Counted to the last copy, then forgotten in both places.
+    _assert_forgotten(fanout, hermit, own)
 
 
 async def test_an_election_that_published_nothing_withdraws_its_expected_copies():
@@ -238,11 +243,7 @@ async def test_an_election_that_published_nothing_withdraws_its_expected_copies(
     own = _sent_ahead(fanout, tuan, str(uuid.uuid4()), copies=1)
     assert list(fanout.own) == [own["transition"]]
     fanout.withdraw_own(tuan.state[delivery.STATE_KEY])
-    assert fanout.own == {}
-    assert tuan.state[delivery.STATE_KEY].ahead is None
-    fanout.received(own, (tuan.channel_name,))
-    assert fanout.pending.get_nowait() == (own, (tuan.channel_name,))
-    fanout._task.cancel()
+    _assert_forgotten(fanout, tuan, own)
 
 
 async def test_a_connection_closing_before_its_copies_came_back_leaves_nothing_expected():

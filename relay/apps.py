@@ -9,3 +9,7 @@ class RelayConfig(AppConfig):
         # chat registers the message frame, event and connection hooks (relay.registry);
         # membership connects the receivers that carry every membership change to live connections.
         from relay import chat, membership  # noqa: F401
+        from relay.close_handshake import install
+
+        # Before Daphne builds its WebSocket factory, when this process is Daphne.
+        install()

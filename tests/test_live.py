@@ -1,7 +1,14 @@
 """The foundation end to end: real Daphne processes, real sockets, one Redis and one database."""
 
-import pytest
+import contextlib
+import socket
+import time
 
+import pytest
+from websockets.client import ClientProtocol
+from websockets.uri import parse_uri
+
+from relay.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
 from relay.serve import daphne_arguments
 from tests.support import WsClient, http
 
@@ -40,6 +47,41 @@ async def test_a_real_socket_is_acknowledged_and_a_bad_token_closed_4401(live_in
     # One JSON object per line: Daphne's plain-text access lines (WSCONNECT ...) stay off.
     lines = [line for line in instance.log_path.read_text().splitlines() if line.strip()]
     assert lines and all(line.startswith("{") and line.endswith("}") for line in lines), lines[:5]
+
+
+@pytest.mark.parametrize("server", ["relay.serve", "daphne"])
+def test_a_refused_client_slow_to_answer_the_close_is_waited_for(live_instances, server):
+    """A browser busy loading the page answers Relay's 4401 late; the server must wait for it.
+
+    autobahn's own wait is 1 s, after which it resets the connection, and a browser that has not
+    yet handled the close frame then reports 1006 and retries (relay/close_handshake.py). Both
+    commands that serve Relay wait longer.
+    """
+    (instance,) = live_instances(1, server=server)
+    client = ClientProtocol(parse_uri(instance.ws_url("forged")))
+    with socket.create_connection(("127.0.0.1", instance.port), timeout=10) as sock:
+        client.send_request(client.connect())
+        sock.sendall(b"".join(client.data_to_send()))
+        while client.close_rcvd is None:
+            data = sock.recv(65536)
+            assert data, "the server closed the TCP connection before sending a close frame"
+            client.receive_data(data)
+        assert client.close_rcvd.code == 4401
+        # The client's answer is queued; it goes well past autobahn's own 1 s wait, and until then
+        # the connection is still open and quiet: not reset, not closed.
+        time.sleep(1.5)
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sock.recv(1, socket.MSG_PEEK)
+        sock.settimeout(10)
+        sock.sendall(b"".join(client.data_to_send()))
+        # Answered, the server ends the connection at once (autobahn always resets it then).
+        with contextlib.suppress(ConnectionResetError):
+            assert sock.recv(65536) == b""
+
+
+def test_a_peer_gets_ten_seconds_to_answer_a_close():
+    assert CLOSE_HANDSHAKE_TIMEOUT_S == 10.0
 
 
 def test_daphne_runs_quiet_unless_a_verbosity_is_asked_for():

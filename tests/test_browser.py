@@ -46,6 +46,16 @@ GRACE_MS = 800
 MARGIN_MS = 200
 # Generous: other suites share the two cores, and a reconnect waits out a back-off.
 WAIT_MS = 30_000
+# Every socket's close code in the page's console log: a reconnect the test did not expect
+# says why the socket before it closed (1006: the handshake failed or the connection dropped).
+LOG_CLOSE_CODES = """
+window.WebSocket = class extends window.WebSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener("close", (event) => console.info(`websocket closed: ${event.code} ${this.url}`));
+  }
+};
+"""
 
 
 @dataclass
@@ -59,6 +69,7 @@ class Browsing:
 
     def open(self, label: str) -> Page:
         context = self.browser.new_context(viewport={"width": 1100, "height": 700})
+        context.add_init_script(LOG_CLOSE_CODES)
         page = context.new_page()
         lines = self.console.setdefault(label, [])
         page.on("console", lambda message: lines.append(f"{message.type}: {message.text}"))
@@ -261,5 +272,5 @@ def test_a_refused_token_signs_the_page_out_and_it_stops_reconnecting(chromium, 
     expect(tuan.get_by_role("button", name="Tuan", exact=True)).to_be_visible()
     # Well past the first back-off step (at most 500 ms): no second attempt was made.
     time.sleep(1.5)
-    assert len(sockets) == 1, sockets
+    assert len(sockets) == 1, "\n".join([*sockets, *chromium.console["tuan"], relay.log_path.read_text()[-3000:]])
     assert tuan.evaluate("sessionStorage.getItem('relay.demo.session')") is None

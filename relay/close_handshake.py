@@ -5,8 +5,9 @@ and then resets the TCP connection. A browser answers from the page's own thread
 still loading (a refused token is closed 4401 right after the page opens the socket) or on a
 loaded machine can take longer. When the reset reaches the browser before it has handled the
 close frame, the page sees 1006 instead of the code Relay sent: it then retries a 4401 it should
-have stopped at, or a 4429 at the short back-off. In a clean-clone CI run the demo page retried a
-refused token that way; with autobahn's wait cut to 0.5 ms it did so every time.
+have stopped at, or a 4429 at the short back-off. In clean-clone CI runs the demo page retried a
+refused token that way; a page kept busy for 1.5 s after opening its socket did so every time
+(tests/test_browser.py, the busy-page case).
 
 10 s is what the `websockets` library gives a peer (its `close_timeout`): long enough for any
 live client, and a dead one still cannot hold the socket open.

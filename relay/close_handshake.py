@@ -9,8 +9,8 @@ have stopped at, or a 4429 at the short back-off. In clean-clone CI runs the dem
 refused token that way; a page kept busy for 1.5 s after opening its socket did so every time
 (tests/test_browser.py, the busy-page case).
 
-10 s is what the `websockets` library gives a peer (its `close_timeout`): long enough for any
-live client, and a dead one still cannot hold the socket open.
+10 s is what the `websockets` library gives a peer (its `close_timeout`): long enough for a live
+client however busy, short enough that one which never answers gives its socket back soon.
 """
 
 import sys

@@ -153,14 +153,12 @@ class PresenceService:
         self._invalid_seen: dict[int, float] = {}
 
     # ── connections ──────────────────────────────────────────────────────────
-    async def connect(
-        self, conn: "GatewayConsumer", watch: Sequence[str] = (), transition_id: str | None = None
-    ) -> "Admitted":
+    async def connect(self, conn: "GatewayConsumer", watch: Sequence[str], transition_id: str) -> "Admitted":
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
         Returns which of `watch` are online (read in the same round trip, after the election;
         None when Redis did not answer) and the id of the `online` this connection published, if
-        it did (`transition_id` when given, so the caller knows it before the election). Raises
+        it did: `transition_id`, minted by the caller so it knows the id before the election. Raises
         ConnectionRefused(4429) when the user already holds the maximum of connections anywhere;
         nothing is changed then. With Redis unreachable the connection is admitted (presence must
         not take sockets down with it) and the refresh announces it later.
@@ -172,7 +170,6 @@ class PresenceService:
         held.connections[conn.connection_id] = conn.channel_ids
         self._ensure_ticker()
         channels = sorted(conn.channel_ids)
-        transition_id = transition_id or str(uuid.uuid4())
         # Prepared whether or not this connection wins: Redis publishes them in the election's own
         # round trip when it does (when the layer's groups live on the presence Redis).
         publish = self._in_store("online", conn.user_id, channels, transition_id)

@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 import jwt
 import pytest
 
+from relay import tokens
 from relay.exceptions import InvalidToken
 from relay.tokens import mint_token, verify_token
 
@@ -90,3 +91,27 @@ def test_rotating_the_secret_invalidates_earlier_tokens(acme):
     assert verify_token(acme.token("linh")).external_id == "linh"
     with pytest.raises(InvalidToken):
         verify_token(before)
+
+
+PEM_PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=
+-----END PUBLIC KEY-----
+"""
+
+
+def test_a_secret_is_checked_once_per_process_and_a_refused_one_every_time():
+    # The codec's HS256 is Relay's own (PyJWT keeps an instance's algorithms on `_jws`).
+    hs256 = tokens._CODEC._jws.get_algorithm_by_name("HS256")
+    assert isinstance(hs256, tokens._HS256)
+    secret = "a-secret-of-this-test-only-long-enough-for-hs256"
+    token = encode("5b1c5c2e-8a57-4b53-9d61-2f8f9a0e1b11", "linh", secret)
+    before = hs256.prepared.cache_info()
+    for _ in range(2):
+        assert tokens._verified_claims(token, secret)["sub"] == "linh"
+    after = hs256.prepared.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    # An asymmetric key as the secret is refused by PyJWT's checks on each call, never remembered.
+    for _ in range(2):
+        with pytest.raises(jwt.InvalidKeyError):
+            tokens._verified_claims(token, PEM_PUBLIC_KEY)
+    assert hs256.prepared.cache_info().currsize == after.currsize

@@ -1,6 +1,7 @@
 """The foundation end to end: real Daphne processes, real sockets, one Redis and one database."""
 
 import contextlib
+import logging
 import socket
 import time
 
@@ -9,7 +10,7 @@ from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
 from relay.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
-from relay.serve import daphne_arguments
+from relay.serve import _lean_log_records, daphne_arguments
 from tests.support import WsClient, http
 
 pytestmark = pytest.mark.live
@@ -94,3 +95,27 @@ def test_daphne_runs_quiet_unless_a_verbosity_is_asked_for():
     ]
     assert daphne_arguments(["-v", "1", "relay.asgi:application"]) == ["-v", "1", "relay.asgi:application"]
     assert daphne_arguments(["--verbosity=2", "x:app"]) == ["--verbosity=2", "x:app"]
+
+
+def test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows(monkeypatch):
+    for switch in ("logThreads", "logProcesses", "logMultiprocessing", "_srcfile"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("relay.tests.lean")
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    monkeypatch.setattr(logger, "propagate", False)
+    try:
+        logger.info("before")
+        _lean_log_records()
+        logger.info("after")
+    finally:
+        logger.removeHandler(handler)
+    before, after = records
+    assert (before.funcName, before.threadName) == (
+        "test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows",
+        "MainThread",
+    )
+    assert (after.funcName, after.threadName, after.processName) == ("(unknown function)", None, None)

@@ -60,6 +60,8 @@ CHURN_TIMINGS = {
     "RELAY_PRESENCE_MARGIN_MS": "50",
 }
 P99_LIMIT_MS = 250.0
+# Turns each server takes in a connect CPU round (A B B A ...).
+CONNECT_CPU_TURNS = 4
 TRANSITION_KEYS = ("transitions.max_per_s", "fanout.frames_per_s")
 
 
@@ -529,20 +531,55 @@ def _url_of(client: Any) -> str:
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
 
 
-def _connect_cpu(server: Server, urls: list[str]) -> tuple[float, float]:
-    """CPU seconds per connect, and per close (a supporting number), of one server."""
-    # One connection first: the process's one-off costs (lazy imports, the first subscription,
-    # script loading) are not a connect's.
-    open_and_close(urls[:1])
-    urls = urls[1:]
-    before = cpu_seconds(server.pid)
+def thread_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's live threads, to the nanosecond (`/proc/<pid>/stat` counts 10 ms ticks).
+
+    A thread that ends takes its time with it; a server's threads (the event loop, the database
+    thread, Twisted's pool) live as long as it does. Without schedstat: the ticks.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        return sum(int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) for tid in tasks) / 1e9
+    except (FileNotFoundError, IndexError, ValueError):
+        return cpu_seconds(pid)
+
+
+def _connect_cpu_slice(server: Server, urls: list[str]) -> tuple[float, float]:
+    """CPU seconds of one server for these connects, and for their closes."""
+    before = thread_cpu_seconds(server.pid)
     load = LoadGen({"scenario": "idle", "urls": urls, "concurrency": 50})
     load.expect("ready")
-    connected = cpu_seconds(server.pid)
+    connected = thread_cpu_seconds(server.pid)
     load.release()
     load.finish()
     time.sleep(0.5)  # the server finishes its closes after the clients have gone
-    return (connected - before) / len(urls), (cpu_seconds(server.pid) - connected) / len(urls)
+    return connected - before, thread_cpu_seconds(server.pid) - connected
+
+
+def _interleaved_connect_cpu(
+    servers: tuple[tuple[Server, list[str]], tuple[Server, list[str]]], slices: int
+) -> list[tuple[float, float]]:
+    """Each server's CPU per connect and per close, its connects made in `slices` turns, alternating.
+
+    The machine's speed drifts over seconds (a neighbour on the other vCPU): measured one after
+    the other, Relay's connects and the bare consumer's saw different machines, and one round's
+    ratio read anywhere from 1.06 to 1.69. Taking turns in an A B B A order gives both the same
+    drift. One connection first on each: a process's one-off costs (lazy imports, the first
+    subscription, script loading) are not a connect's.
+    """
+    for _, urls in servers:
+        open_and_close(urls[:1])
+    spent = [[0.0, 0.0, 0] for _ in servers]
+    for turn in range(slices):
+        order = range(len(servers)) if turn % 2 == 0 else reversed(range(len(servers)))
+        for index in order:
+            server, urls = servers[index]
+            part = urls[1:][turn::slices]
+            connect, close = _connect_cpu_slice(server, part)
+            spent[index][0] += connect
+            spent[index][1] += close
+            spent[index][2] += len(part)
+    return [(connect / count, close / count) for connect, close, count in spent]
 
 
 def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
@@ -551,9 +588,8 @@ def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
     Each user has a channel of their own: the connect path alone is measured, as the bare
     consumer does no fan-out. (With 50 users per channel, as before, each connect also delivered
     up to 49 co-members' `online` frames: fan-out, which `fanout.frames_per_s` measures.)
-    A round measures both on fresh servers with users new to them (first connects); the rounds
-    alternate, and the ratio is their median: on a noisy machine one round's ratio varied by
-    ±12 % (docs/performance.md).
+    A round measures both on fresh servers with users new to them (first connects), taking turns
+    (`_interleaved_connect_cpu`); the ratio is the rounds' median (docs/performance.md).
     """
     rounds = []
     for round_number in range(sizes.connect_cpu_rounds):
@@ -562,12 +598,16 @@ def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
         relay = daphne(f"relay-cpu-{round_number}", workdir)
         bare = daphne(f"bare-cpu-{round_number}", workdir, app="bench.bare:application")
         try:
-            relay_cpu, relay_close = _connect_cpu(relay, [relay.ws_url(f"token={world.token(uid)}") for uid in users])
-            bare_cpu, bare_close = _connect_cpu(bare, [bare.ws_url(f"channels={channel_of[uid]}") for uid in users])
+            (relay_cpu, relay_close), (bare_cpu, bare_close) = _interleaved_connect_cpu(
+                (
+                    (relay, [relay.ws_url(f"token={world.token(uid)}") for uid in users]),
+                    (bare, [bare.ws_url(f"channels={channel_of[uid]}") for uid in users]),
+                ),
+                CONNECT_CPU_TURNS,
+            )
         finally:
             relay.stop()
             bare.stop()
-        # At smoke size the bare server's CPU can round to no clock tick at all.
         ratio = relay_cpu / bare_cpu if bare_cpu else 0.0
         rounds.append((ratio, relay_cpu, bare_cpu, relay_close, bare_close))
         say(

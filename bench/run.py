@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -627,13 +628,9 @@ def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
     }
 
 
-def _connect_instructions(world: World, workdir: Path, name: str, app: str, count: int) -> int | None:
-    """Instructions a server executes (every thread, user space) for `count` first connects under callgrind."""
-    users = world.users(f"instructions-{name}", count + 1)
-    channel_of = {uid: world.channel(f"instructions-room-{uid}", [uid]) for uid in users}
+def _callgrind_server(workdir: Path, name: str, app: str) -> tuple[Server, Path]:
+    """A server under callgrind, and where its counts will be written."""
     out = workdir / f"callgrind-{name}"
-    # Counting starts at zero after the process's one-off costs (callgrind_control -z) and is
-    # written out once the connects are acknowledged (-d), as _connect_cpu measures them.
     server = daphne(
         f"{name}-instructions",
         workdir,
@@ -641,20 +638,24 @@ def _connect_instructions(world: World, workdir: Path, name: str, app: str, coun
         under=f"valgrind --tool=callgrind --callgrind-out-file={out}.%p",
         ready_seconds=600,
     )
-    try:
-        if app == "bench.bare:application":
-            urls = [server.ws_url(f"channels={channel_of[uid]}") for uid in users]
-        else:
-            urls = [server.ws_url(f"token={world.token(uid)}") for uid in users]
-        open_and_close(urls[:1])
-        subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True)
-        load = LoadGen({"scenario": "idle", "urls": urls[1:], "concurrency": 50})
-        load.expect("ready")
-        subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True, capture_output=True)
-        load.release()
-        load.finish()
-    finally:
-        server.stop()
+    return server, out
+
+
+def _count_connects(server: Server, urls: list[str]) -> None:
+    """Zero the server's counts, make the first connects of `urls[1:]`, and have the counts written."""
+    # Counting starts at zero after the process's one-off costs (callgrind_control -z) and is
+    # written out once the connects are acknowledged (-d), as the connect CPU phase measures them.
+    open_and_close(urls[:1])
+    subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True)
+    load = LoadGen({"scenario": "idle", "urls": urls[1:], "concurrency": 50})
+    load.expect("ready")
+    subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True, capture_output=True)
+    load.release()
+    load.finish()
+
+
+def _counted(server: Server, out: Path) -> int | None:
+    """The instructions (every thread, user space) the server's counts were written with."""
     for line in Path(f"{out}.{server.pid}.1").read_text().splitlines():
         if line.startswith(("summary:", "totals:")):
             return int(line.split()[1])
@@ -675,8 +676,27 @@ def phase_connect_instructions(world: World, workdir: Path, sizes: Sizes) -> dic
         say("connect instructions: skipped, valgrind is not installed")
         return {"_connect_instructions": "skipped: valgrind is not installed"}
     count = sizes.instruction_connections
-    relay = _connect_instructions(world, workdir, "relay", "relay.asgi:application", count)
-    bare = _connect_instructions(world, workdir, "bare", "bench.bare:application", count)
+    apps = {"relay": "relay.asgi:application", "bare": "bench.bare:application"}
+    users = {name: world.users(f"instructions-{name}", count + 1) for name in apps}
+    # A channel of their own each, as in the connect CPU phase.
+    channel_of = {uid: world.channel(f"instructions-room-{uid}", [uid]) for name in apps for uid in users[name]}
+    # Both start at once: starting Django under valgrind takes most of the phase. Their connects
+    # are then counted one server at a time, the other idle.
+    with ThreadPoolExecutor(2) as pool:
+        starting = {name: pool.submit(_callgrind_server, workdir, name, app) for name, app in apps.items()}
+    # One that failed to start must not leave the other running.
+    servers = {name: future.result() for name, future in starting.items() if future.exception() is None}
+    failures = [future.exception() for future in starting.values() if future.exception() is not None]
+    try:
+        if failures:
+            raise failures[0]
+        relay_server, bare_server = servers["relay"][0], servers["bare"][0]
+        _count_connects(relay_server, [relay_server.ws_url(f"token={world.token(uid)}") for uid in users["relay"]])
+        _count_connects(bare_server, [bare_server.ws_url(f"channels={channel_of[uid]}") for uid in users["bare"]])
+    finally:
+        for server, _ in servers.values():
+            server.stop()
+    relay, bare = (_counted(*servers[name]) for name in apps)
     if not relay or not bare:
         return {"_connect_instructions": "not counted: callgrind wrote no totals"}
     say(f"connect instructions: relay {relay / count / 1e6:.2f} M, bare {bare / count / 1e6:.2f} M")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -557,10 +558,8 @@ def _connect_cpu_slice(server: Server, urls: list[str]) -> tuple[float, float]:
     return connected - before, thread_cpu_seconds(server.pid) - connected
 
 
-def _interleaved_connect_cpu(
-    servers: tuple[tuple[Server, list[str]], tuple[Server, list[str]]], slices: int
-) -> list[tuple[float, float]]:
-    """Each server's CPU per connect and per close, its connects made in `slices` turns, alternating.
+def _interleaved_connect_cpu(servers: Sequence[tuple[Server, list[str]]], turns: int) -> list[tuple[float, float]]:
+    """Each server's CPU per connect and per close, its connects made in `turns` turns, alternating.
 
     The machine's speed drifts over seconds (a neighbour on the other vCPU): measured one after
     the other, Relay's connects and the bare consumer's saw different machines, and one round's
@@ -571,11 +570,11 @@ def _interleaved_connect_cpu(
     for _, urls in servers:
         open_and_close(urls[:1])
     spent = [[0.0, 0.0, 0] for _ in servers]
-    for turn in range(slices):
+    for turn in range(turns):
         order = range(len(servers)) if turn % 2 == 0 else reversed(range(len(servers)))
         for index in order:
             server, urls = servers[index]
-            part = urls[1:][turn::slices]
+            part = urls[1:][turn::turns]
             connect, close = _connect_cpu_slice(server, part)
             spent[index][0] += connect
             spent[index][1] += close
@@ -609,6 +608,7 @@ def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
         finally:
             relay.stop()
             bare.stop()
+        # Without schedstat (ticks), the bare server's CPU can round to none at smoke size.
         ratio = relay_cpu / bare_cpu if bare_cpu else 0.0
         rounds.append((ratio, relay_cpu, bare_cpu, relay_close, bare_close))
         say(

@@ -8,6 +8,7 @@ versions and settings).
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS = BASE_DIR / "bench" / "results"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+SCHEDSTAT = Path("/proc/self/schedstat").exists()
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,22 @@ def rss_kb(pid: int) -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def thread_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's live threads, to the nanosecond (`/proc/<pid>/stat` counts 10 ms ticks).
+
+    A thread that ends takes its time with it; a server's threads (the event loop, the database
+    thread, Twisted's pool) live as long as it does. Without schedstat: the ticks, for every
+    reading, so that two readings are never in different units.
+    """
+    if not SCHEDSTAT:
+        return cpu_seconds(pid)
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended since the listing
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def redis_cpu_seconds(client: Any) -> float:
@@ -531,19 +549,6 @@ def phase_commands(world: World, workdir: Path, redis_client: Any) -> dict:
 def _url_of(client: Any) -> str:
     kwargs = client.connection_pool.connection_kwargs
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
-
-
-def thread_cpu_seconds(pid: int) -> float:
-    """CPU time of a process's live threads, to the nanosecond (`/proc/<pid>/stat` counts 10 ms ticks).
-
-    A thread that ends takes its time with it; a server's threads (the event loop, the database
-    thread, Twisted's pool) live as long as it does. Without schedstat: the ticks.
-    """
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        return sum(int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) for tid in tasks) / 1e9
-    except (FileNotFoundError, IndexError, ValueError):
-        return cpu_seconds(pid)
 
 
 def _connect_cpu_slice(server: Server, urls: list[str]) -> tuple[float, float]:

@@ -1,9 +1,14 @@
 """Tokens: bound to one environment and one user, signed with that environment's secret."""
 
+import hashlib
+import inspect
+import itertools
+import random
 from datetime import UTC, datetime, timedelta
 
 import jwt
 import pytest
+from jwt.api_jws import PyJWS
 
 from relay import tokens
 from relay.exceptions import InvalidToken
@@ -97,6 +102,50 @@ PEM_PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----
 MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=
 -----END PUBLIC KEY-----
 """
+
+
+def test_a_token_with_a_character_outside_base64url_is_refused(acme):
+    token = acme.token("linh")
+    assert verify_token(token).external_id == "linh"
+    header, payload, signature = token.split(".")
+    # Python's lenient decoder would drop the junk and read the same bytes (GHSA-hxm8-2xgr-2p9m).
+    for forged in (f"{header}.{payload}.{signature[:4]}!{signature[4:]}", f"{header}.{payload}.{signature}!!!!"):
+        with pytest.raises(InvalidToken):
+            verify_token(forged)
+
+
+# sha256 of PyJWT's own segment check, the one `tokens._JWS` stands in for (PyJWT 2.15.1).
+PYJWT_SEGMENT_CHECK = "c00c1d4615f8809dd3f46a36f4fd4f8591cc0a9860afc2b7bc0182dc099159a4"
+
+
+def outcome(check, segment: bytes) -> tuple[str, object]:
+    try:
+        return "decoded", check(segment, "payload")
+    except Exception as error:
+        return type(error).__name__, str(error)
+
+
+def test_the_codec_checks_base64url_segments_exactly_as_pyjwt_does():
+    assert isinstance(tokens._CODEC._jws, tokens._JWS)
+    source = inspect.getsource(PyJWS._decode_base64url_segment)
+    assert hashlib.sha256(source.encode()).hexdigest() == PYJWT_SEGMENT_CHECK, (
+        "PyJWT changed its segment check: compare relay.tokens._JWS with it, then update the digest"
+    )
+    assert "_decode_base64url_segment" in PyJWS._load.__code__.co_names
+    # Every segment of up to five characters from a set with junk, padding, and last characters
+    # whose unused bits are zero or not; then longer random ones.
+    characters = [bytes([c]) for c in b"ABQw-_=+. "]
+    segments = [b"".join(p) for n in range(6) for p in itertools.product(characters, repeat=n)]
+    rng = random.Random(6)
+    junk = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=+/.! \n\x00\xff"
+    segments += [bytes(rng.choice(junk) for _ in range(rng.randrange(6, 48))) for _ in range(5000)]
+    decoded = 0
+    for segment in segments:
+        ours = outcome(tokens._JWS._decode_base64url_segment, segment)
+        assert ours == outcome(PyJWS._decode_base64url_segment, segment), segment
+        decoded += ours[0] == "decoded"
+    # Both kinds are in the corpus: segments that decode and segments refused.
+    assert 0 < decoded < len(segments)
 
 
 def test_a_secret_is_checked_once_per_process_and_a_refused_one_every_time():

@@ -138,11 +138,11 @@ class _Shard(RedisSingleShardConnection):
                 self._subscribed.set()
         if waits:
             try:
-                await asyncio.wait_for(asyncio.shield(asyncio.gather(*waits.values())), CONFIRM_SECONDS)
-            except TimeoutError:
-                # Sent and remembered: redis-py subscribes again on a reconnect. Waiting longer
-                # would only stall connects while Redis is away.
-                pass
+                # Unconfirmed in time, still sent and remembered: redis-py subscribes again on a
+                # reconnect, and waiting longer would only stall connects while Redis is away.
+                # asyncio.wait leaves the shared futures alone on a timeout or a cancellation,
+                # what wait_for needed shield and gather for, on every connect that subscribes.
+                await asyncio.wait(waits.values(), timeout=CONFIRM_SECONDS)
             finally:
                 for channel, confirmed in waits.items():
                     if self._confirming.get(channel) is confirmed and confirmed.done():
@@ -163,11 +163,15 @@ class _Shard(RedisSingleShardConnection):
                 self._subscribed_to.difference_update(gone)
 
     async def _do_receiving(self) -> None:
-        # channels-redis's loop, but reading subscribe confirmations instead of discarding them.
+        # channels-redis's loop, but reading subscribe confirmations instead of discarding them,
+        # and waiting for the next message without a timeout: channels-redis's 0.1 s one armed and
+        # cancelled a timer around every message read (and woke an idle process ten times a
+        # second). Nothing needs the wake-up: the task is cancelled to stop, and a connection lost
+        # ends the read with an error, as before.
         while True:
             try:
                 if self._pubsub and self._pubsub.subscribed:
-                    message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=0.1)
+                    message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
                     if message is not None and message["type"] == "subscribe":
                         self._confirm(message["channel"])
                     elif message is not None and message["type"] in ("message", "pmessage"):

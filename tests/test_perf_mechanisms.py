@@ -369,6 +369,33 @@ async def test_a_send_from_another_process_reaches_the_consumer_through_its_inbo
         await elsewhere.flush()
 
 
+async def test_an_idle_layer_waits_for_its_next_message_without_waking(redis_url):
+    here, elsewhere = _layer(redis_url), _layer(redis_url)
+    try:
+        mine = await here.new_channel()
+        pubsub = here._get_layer()._shards[0]._pubsub
+        reads = 0
+        read = pubsub.get_message
+
+        async def counted(*args: object, **kwargs: object) -> dict | None:
+            nonlocal reads
+            reads += 1
+            return await read(*args, **kwargs)
+
+        # The receiver is already waiting in a read; each read it starts from now on is counted.
+        pubsub.get_message = counted
+        await asyncio.sleep(0.5)
+        # With channels-redis's 0.1 s timeout, about five reads would have timed out by now.
+        assert reads == 0
+        await elsewhere.send(mine, {"type": "hello"})
+        assert await here.receive(mine) == {"type": "hello"}
+        # The message ended the waiting read; the receiver waits in the next one.
+        assert reads == 1
+    finally:
+        await here.flush()
+        await elsewhere.flush()
+
+
 async def test_a_group_add_returns_once_redis_has_the_subscription(redis_url, redis_client):
     layer = _layer(redis_url)
     try:

@@ -85,7 +85,7 @@ def _group_sends(user_id: str, state: State, channels: Sequence[str], transition
 
 
 def _published(user_id: str, state: State, channels: int) -> None:
-    metrics.PRESENCE_PUBLISHED.labels(state=state).inc()
+    metrics.presence_published(state).inc()
     # `channels` is a count: the list would be a membership graph in a log file.
     log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
 

@@ -52,6 +52,12 @@ def frames_out(frame_type: str) -> Counter:
 
 
 @functools.cache
+def presence_published(state: str) -> Counter:
+    """The `relay_presence_published_total` child of one state: one per first connect."""
+    return PRESENCE_PUBLISHED.labels(state=state)
+
+
+@functools.cache
 def redis_op_seconds(op: str) -> Histogram:
     """The `relay_redis_op_seconds` child of one presence operation."""
     return REDIS_OP_SECONDS.labels(op=op)

@@ -32,6 +32,7 @@ def _quiet_autobahn_debug() -> None:
     # autobahn pretty-prints every connection's ~40 settings for a DEBUG line it builds eagerly,
     # logged or not: 4 % of the event loop's time during a connect burst (docs/performance.md).
     # The line stays, with the settings replaced by a note.
+    import autobahn.twisted.websocket
     import autobahn.util
     import autobahn.websocket.protocol
 
@@ -39,6 +40,15 @@ def _quiet_autobahn_debug() -> None:
     # The same for the arguments of its per-frame debug lines (every sendData: four click.style()
     # calls for terminal colours): autobahn's own plain-text path, as if click were not installed.
     autobahn.util._HAS_CLICK = False
+    # And the rest of those arguments, built per frame sent or read and per connection whatever
+    # the level: a method's qualified name taken apart and joined again (hltype), a value turned
+    # into text (hlval). A debug line, if enabled, shows the method and the value themselves.
+    for module in (autobahn.websocket.protocol, autobahn.twisted.websocket):
+        module.hltype = module.hlval = _unformatted
+
+
+def _unformatted(value: object, *_style: object, **_styles: object) -> object:
+    return value
 
 
 def _deep_listen_queue() -> None:

@@ -10,7 +10,7 @@ from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
 from relay.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
-from relay.serve import _lean_log_records, daphne_arguments
+from relay.serve import _lean_log_records, _quiet_autobahn_debug, daphne_arguments
 from tests.support import WsClient, http
 
 pytestmark = pytest.mark.live
@@ -119,3 +119,26 @@ def test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows(monkeypat
         "MainThread",
     )
     assert (after.funcName, after.threadName, after.processName) == ("(unknown function)", None, None)
+
+
+def test_relay_serve_skips_the_formatting_of_autobahn_debug_arguments(monkeypatch):
+    import autobahn.twisted.websocket
+    import autobahn.util
+    import autobahn.websocket.protocol
+
+    modules = (autobahn.websocket.protocol, autobahn.twisted.websocket)
+    for module in modules:
+        for name in ("hltype", "hlval"):
+            monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setattr(autobahn.websocket.protocol, "pformat", autobahn.websocket.protocol.pformat)
+    monkeypatch.setattr(autobahn.util, "_HAS_CLICK", autobahn.util._HAS_CLICK)
+    method = daphne_arguments
+    # autobahn's own: the method's qualified name taken apart and put together again, as text.
+    built = autobahn.websocket.protocol.hltype(method)
+    assert isinstance(built, str) and "relay" in built and "daphne_arguments" in built
+    assert "42" in autobahn.twisted.websocket.hlval(42)
+    _quiet_autobahn_debug()
+    for module in modules:
+        assert module.hltype(method) is method
+        assert module.hlval(42, color="white", bold=True) == 42
+    assert "not formatted" in autobahn.websocket.protocol.pformat({"setting": 1})

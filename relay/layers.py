@@ -140,8 +140,9 @@ class _Shard(RedisSingleShardConnection):
             try:
                 # Unconfirmed in time, still sent and remembered: redis-py subscribes again on a
                 # reconnect, and waiting longer would only stall connects while Redis is away.
-                # asyncio.wait leaves the shared futures alone on a timeout or a cancellation,
-                # what wait_for needed shield and gather for, on every connect that subscribes.
+                # asyncio.wait leaves the shared futures alone on a timeout or a cancellation;
+                # wait_for needed a shield and a gather around them, built on every connect that
+                # subscribes.
                 await asyncio.wait(waits.values(), timeout=CONFIRM_SECONDS)
             finally:
                 for channel, confirmed in waits.items():

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import jwt
 import orjson
 from jwt.algorithms import HMACAlgorithm
-from jwt.api_jws import PyJWS
+from jwt.api_jws import _BASE64URL_ALPHABET, PyJWS
 from jwt.utils import base64url_decode, base64url_encode
 
 from relay.connect_reads import user_by_external_id
@@ -34,7 +34,6 @@ SECRET_CACHE_SECONDS = 10.0
 
 # Secrets whose key checks this process remembers: one per environment it serves at a time.
 PREPARED_SECRETS = 1024
-BASE64URL_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 _environments: dict[uuid.UUID, tuple[float, Environment]] = {}
 _environments_lock = threading.Lock()
@@ -76,7 +75,7 @@ class _JWS(PyJWS):
             padding > 2
             or (padding and len(segment) % 4)
             or len(stripped) % 4 == 1
-            or stripped.translate(None, BASE64URL_ALPHABET)
+            or stripped.translate(None, _BASE64URL_ALPHABET)
         ):
             raise jwt.DecodeError(f"Invalid {name} padding")
         try:

@@ -50,7 +50,7 @@ class Sizes:
 
 # The climb goes in 50/s steps up to the 500/s target, so the highest rate held is known within 50.
 FULL_CHURN_RATES = (*range(100, 501, 50), 600, 800, 1000)
-FULL = Sizes(10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 3, 1000, 300)
+FULL = Sizes(10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 5, 1000, 300)
 QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300, 100)
 # CI's smoke run: every phase and every key, in seconds; the numbers mean nothing at this size.
 SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 1, 10, 5)

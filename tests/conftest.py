@@ -38,6 +38,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Every server the suite talks to is on loopback. urllib (the health checks, the API calls)
+    # and websockets (the clients) both follow HTTP(S)_PROXY from the environment, so behind a
+    # proxy the suite's requests went to it and every live test failed; loopback bypasses it.
+    for name in ("NO_PROXY", "no_proxy"):
+        os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1", "localhost"]))
     # The test database is a file (live Daphne processes share it) in var/, which a
     # fresh clone does not have yet.
     test_name = settings.DATABASES["default"]["TEST"].get("NAME")

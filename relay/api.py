@@ -20,11 +20,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
 from relay import membership, messaging
-from relay.exceptions import ApiError
+from relay.exceptions import ApiError, InvalidToken
 from relay.frames import Identifier, StrictModel, describe_validation_error
-from relay.models import ApiKey, Channel, Environment, User, hash_api_key
+from relay.models import API_KEY_PREFIX, ApiKey, Channel, Environment, User, hash_api_key
 from relay.redis_client import ping
-from relay.tokens import MAX_TTL_SECONDS, mint_token
+from relay.tokens import MAX_TTL_SECONDS, mint_token, verify_token
 
 logger = logging.getLogger(__name__)
 
@@ -55,21 +55,45 @@ def error_response(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"error": {"code": code, "message": message}}, status=status)
 
 
-def authenticate(request: HttpRequest) -> Environment:
-    """Return the environment of the request's API key, or raise a 401 ApiError."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, secret = header.partition(" ")
+def bearer(request: HttpRequest) -> str:
+    """The request's `Authorization: Bearer` credential, or raise a 401 ApiError."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key>")
-    key = ApiKey.objects.active().select_related("environment").filter(digest=hash_api_key(secret.strip())).first()
+    return secret.strip()
+
+
+def authenticate(request: HttpRequest) -> Environment:
+    """Return the environment of the request's API key, or raise a 401 ApiError."""
+    key = ApiKey.objects.active().select_related("environment").filter(digest=hash_api_key(bearer(request))).first()
     if key is None:
         raise ApiError(401, "unauthorized", "unknown or revoked API key")
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
     return key.environment
 
 
-def endpoint(*methods: str, authenticated: bool = True) -> Callable[[View], View]:
-    """Wrap a view: allowed methods, API-key authentication and JSON errors."""
+def authenticate_reader(request: HttpRequest) -> tuple[Environment, User | None]:
+    """The environment of an API key (user None), or of a connection token and the user it names.
+
+    Clients hold a connection token, never an API key: with one they may read what their socket
+    would have delivered to them (a channel's history, to fill a gap), and nothing else.
+    """
+    secret = bearer(request)
+    if secret.startswith(API_KEY_PREFIX):
+        return authenticate(request), None
+    try:
+        user = verify_token(secret)
+    except InvalidToken:
+        raise ApiError(401, "unauthorized", "unknown or revoked API key, or an invalid connection token") from None
+    return user.environment, user
+
+
+def endpoint(*methods: str, authenticated: bool = True, readers: bool = False) -> Callable[[View], View]:
+    """Wrap a view: allowed methods, authentication and JSON errors.
+
+    `authenticated`: an API key is required (`request.environment`). `readers`: a member's
+    connection token is accepted too (`request.reader` is its user; None with an API key).
+    """
 
     def decorate(view: View) -> View:
         @csrf_exempt
@@ -80,7 +104,9 @@ def endpoint(*methods: str, authenticated: bool = True) -> Callable[[View], View
                 response["Allow"] = ", ".join(methods)
                 return response
             try:
-                if authenticated:
+                if readers:
+                    request.environment, request.reader = authenticate_reader(request)
+                elif authenticated:
                     request.environment = authenticate(request)
                 return view(request, *args, **kwargs)
             except ApiError as error:
@@ -173,10 +199,16 @@ def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
     return HttpResponse(status=204)
 
 
-@endpoint("GET")
+@endpoint("GET", readers=True)
 def channel_messages(request: HttpRequest, channel_id: str) -> HttpResponse:
-    """GET /v1/channels/<id>/messages?after=<seq>&limit=<n>: the channel's messages after a seq, in seq order."""
+    """GET /v1/channels/<id>/messages?after=<seq>&limit=<n>: the channel's messages after a seq, in seq order.
+
+    With a connection token, only a channel its user is a member of; any other is a 404, as
+    another tenant's is.
+    """
     channel = get_channel(request.environment, channel_id)
+    if request.reader is not None and not messaging.is_member(request.reader, str(channel.id)):
+        raise ApiError(404, "channel_not_found", "no such channel")
     after = query_int(request, "after", 0, 0, MAX_SEQ)
     limit = query_int(request, "limit", HISTORY_DEFAULT_LIMIT, 1, messaging.PAGE_SIZE)
     found = messaging.messages_after(str(channel.id), after, limit)

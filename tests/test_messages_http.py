@@ -1,8 +1,12 @@
 """GET /v1/channels/<id>/messages: a channel's history, paginated by seq, behind the tenant wall."""
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from relay.messaging import do_send_message
+from relay.tokens import mint_token
+from tests.conftest import ApiClient
 from tests.message_helpers import store_history
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +84,42 @@ def test_history_needs_an_api_key(acme, api_for):
     fleet = acme.channels["fleet"]
     assert history(api_for(None), fleet.id).status_code == 401
     assert history(api_for(acme), fleet.id).status_code == 200
+
+
+def token_reader(tenant, user_id: str) -> ApiClient:
+    """A client holding only a connection token, as a Relay client does."""
+    return ApiClient(tenant.token(user_id))
+
+
+def test_a_member_reads_history_with_their_connection_token(acme, globex):
+    fleet = acme.channels["fleet"]
+    store_history(fleet, acme.users["tuan"], 3)
+
+    response = history(token_reader(acme, "linh"), fleet.id, "?after=1")
+
+    assert response.status_code == 200
+    assert [m["seq"] for m in response.json()["messages"]] == [2, 3]
+
+
+def test_a_connection_token_reads_no_channel_its_user_is_not_in(acme, globex):
+    fleet = acme.channels["fleet"]
+    store_history(fleet, acme.users["tuan"], 1)
+
+    # hermit is in no channel; globex's linh is another tenant's user with the same id.
+    for reader in (token_reader(acme, "hermit"), token_reader(globex, "linh")):
+        response = history(reader, fleet.id)
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "channel_not_found"
+    assert len(history(token_reader(acme, "tuan"), fleet.id).json()["messages"]) == 1
+
+
+def test_a_forged_or_expired_token_reads_nothing(acme):
+    fleet = acme.channels["fleet"]
+    forged = acme.token("linh")[:-4] + "AAAA"
+    expired, _ = mint_token(acme.environment, "linh", 60, now=datetime.now(UTC) - timedelta(hours=1))
+
+    for credential in (forged, expired, "not-a-token"):
+        response = history(ApiClient(credential), fleet.id)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "unauthorized"
+    assert history(token_reader(acme, "linh"), fleet.id).status_code == 200

@@ -18,7 +18,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 ## Serve on http://127.0.0.1:8000 with an embedded Redis and SQLite (Ctrl-C stops everything).
 run: $(STAMP)
-	$(PY) -m relay.devserver
+	$(PY) -m devtools.devserver
 
 ## Lint, check migrations, then the whole suite against a real Redis and a headless Chromium.
 test: $(STAMP) $(CHROMIUM) lint

@@ -9,7 +9,7 @@ one action and answers. What a connection registered is mirrored in `conn.state[
 import logging
 from collections.abc import Awaitable, Callable
 from functools import wraps
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from channels.db import database_sync_to_async
 from django.db import DatabaseError
@@ -20,16 +20,14 @@ from relay import registry
 from relay.exceptions import FrameError
 from relay.frames import Deregister, Heartbeat, Register
 from relay.logging import log_event
-
-if TYPE_CHECKING:
-    from relay.consumers import GatewayConsumer
+from relay.registry import Connection
 
 logger = logging.getLogger(__name__)
 
 STATE_KEY = "agents"
 
 
-def registered_instances(conn: "GatewayConsumer") -> dict[str, dict]:
+def registered_instances(conn: Connection) -> dict[str, dict]:
     """Return what this connection registered: `{instance: capability fields given}`."""
     return conn.state.setdefault(STATE_KEY, {})
 
@@ -38,7 +36,7 @@ def database_guarded(handler: Callable[..., Awaitable[None]]) -> Callable[..., A
     """Answer `error unavailable` when the database fails, instead of letting the socket die with it."""
 
     @wraps(handler)
-    async def guarded(conn: "GatewayConsumer", payload: Any) -> None:
+    async def guarded(conn: Connection, payload: Any) -> None:
         try:
             await handler(conn, payload)
         except DatabaseError as error:
@@ -52,7 +50,7 @@ def database_guarded(handler: Callable[..., Awaitable[None]]) -> Callable[..., A
 
 @registry.frame("register", Register, error_code="invalid_payload")
 @database_guarded
-async def register(conn: "GatewayConsumer", payload: Register) -> None:
+async def register(conn: Connection, payload: Register) -> None:
     """Register (or re-register) an instance for the connection's identity; `register.ack`."""
     try:
         row, _ = await database_sync_to_async(actions.do_register)(
@@ -66,14 +64,14 @@ async def register(conn: "GatewayConsumer", payload: Register) -> None:
 
 @registry.frame("heartbeat", Heartbeat, error_code="invalid_payload")
 @database_guarded
-async def heartbeat(conn: "GatewayConsumer", payload: Heartbeat) -> None:
+async def heartbeat(conn: Connection, payload: Heartbeat) -> None:
     """Refresh the caller's own instance; no reply, and silence for an unknown or foreign one."""
     await database_sync_to_async(actions.do_heartbeat)(conn.user, payload.instance)
 
 
 @registry.frame("deregister", Deregister, error_code="invalid_payload")
 @database_guarded
-async def deregister(conn: "GatewayConsumer", payload: Deregister) -> None:
+async def deregister(conn: Connection, payload: Deregister) -> None:
     """Remove the caller's own instance; `deregister.ack`, or silence for an unknown or foreign one."""
     removed = await database_sync_to_async(actions.do_deregister)(conn.user, payload.instance)
     registered_instances(conn).pop(payload.instance, None)

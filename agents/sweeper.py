@@ -8,17 +8,13 @@ concurrent sweeps safe, so no instance needs to know about the others.
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
 from agents import actions
 from relay.logging import log_event
-from relay.registry import Extension
-
-if TYPE_CHECKING:
-    from relay.consumers import GatewayConsumer
+from relay.registry import Connection, Extension
 
 logger = logging.getLogger(__name__)
 
@@ -75,5 +71,5 @@ sweeper = Sweeper()
 class SweepOnFirstConnection(Extension):
     """Starts this instance's sweeper when a connection opens (a no-op once it runs)."""
 
-    async def opened(self, conn: "GatewayConsumer") -> None:
+    async def opened(self, conn: Connection) -> None:
         sweeper.ensure_running()

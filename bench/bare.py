@@ -31,9 +31,7 @@ class BareConsumer(AsyncWebsocketConsumer):
         query = parse_qs(self.scope["query_string"].decode())
         self.channel_ids = [channel for channel in query.get("channels", [""])[0].split(",") if channel]
         self.user = query.get("user", [None])[0]
-        self.groups_joined = [
-            f"{family}.{channel}" for channel in self.channel_ids for family in ("presence", "messages")
-        ]
+        self.groups_joined = [f"{family}.{channel}" for channel in self.channel_ids for family in ("presence", "chat")]
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()

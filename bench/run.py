@@ -238,7 +238,7 @@ def daphne(
     **env: str,
 ) -> Server:
     """A Daphne process serving `app` (`under`: a command line it runs inside, such as valgrind's)."""
-    from relay.embedded_redis import free_port
+    from devtools.embedded_redis import free_port
 
     port = free_port()
     child_env = {**os.environ, "RELAY_LOG_FORMAT": "json", **env}
@@ -253,7 +253,7 @@ def daphne(
 
 
 def ceiling_server(workdir: Path) -> Server:
-    from relay.embedded_redis import free_port
+    from devtools.embedded_redis import free_port
 
     port = free_port()
     return Server(
@@ -729,23 +729,20 @@ def phase_ceiling(workdir: Path, sizes: Sizes, watchers: int) -> dict:
     return {"_ceiling_frames_per_s": result["frames_per_s"]}
 
 
-def _inject(url: str, backend: str, channel_id: str, count: int) -> None:
-    """Publish `count` distinct `online` transitions into one channel's presence group, as fast as it can."""
+def _inject(url: str, layer_name: str, channel_id: str, count: int) -> None:
+    """Publish `count` distinct presence changes into one channel's group, as fast as it can."""
     import asyncio
-    import uuid
 
     from django.utils.module_loading import import_string
 
-    from presence.fabric import group_name, transition_message
-    from relay.layers import group_send_many
-    from relay.settings import channel_layers_for
+    from bench.settings import channel_layers_for
 
     # The core layer logs each over-capacity drop; the result reports them as `missing`.
     logging.getLogger("channels_redis").setLevel(logging.WARNING)
-    config = channel_layers_for(url, backend)["default"]
+    config = channel_layers_for(url, layer_name)["default"]
     layer = import_string(config["BACKEND"])(**config["CONFIG"])
     sends = [
-        (group_name(channel_id), transition_message(f"burst-{i}", "online", str(uuid.uuid4()), channel_id))
+        (f"presence.{channel_id}", {"type": "bare.changed", "user": f"burst-{i}", "state": "online"})
         for i in range(count)
     ]
 
@@ -754,30 +751,33 @@ def _inject(url: str, backend: str, channel_id: str, count: int) -> None:
         # one at a time would measure the injector rather than the instance.
         for start in range(0, count, 100):
             batch = sends[start : start + 100]
-            if hasattr(layer, "group_send_many"):
-                await group_send_many(layer, batch)
-            else:
-                await asyncio.gather(*(layer.group_send(group, message) for group, message in batch))
+            await asyncio.gather(*(layer.group_send(group, message) for group, message in batch))
 
     asyncio.run(run())
 
 
 def phase_layers(world: World, workdir: Path, sizes: Sizes, redis_url: str, watchers: int) -> dict:
-    """The same burst of transitions into one channel of `watchers`, on each channel layer.
+    """The same burst of presence changes into one channel of `watchers`, on each channel layer.
 
-    Fan-out capacity without connects in the way: the churn phases saturate on connects first,
-    and at an overloading connect rate the comparison measured failed handshakes, not layers.
+    The bare fan-out consumer (bench/bare.py) on Relay's layer and on channels-redis's core layer:
+    the layers' own fan-out capacity, without Relay's process-wide claim and without connects in
+    the way (the churn phases saturate on connects first).
     """
     rates, missing = {}, {}
-    for layer in ("pubsub", "core"):
-        members = world.users(f"burst-{layer}", watchers)
-        channel = world.channel(f"burst-{layer}", members)
-        server = daphne(f"relay-{layer}", workdir, RELAY_CHANNEL_LAYER=layer)
+    for layer in ("relay", "core"):
+        channel = world.channel(f"burst-{layer}", [])
+        server = daphne(
+            f"bare-{layer}",
+            workdir,
+            app="bench.bare:application",
+            DJANGO_SETTINGS_MODULE="bench.settings",
+            BENCH_CHANNEL_LAYER=layer,
+        )
         try:
             load = LoadGen(
                 {
                     "scenario": "burst",
-                    "urls": [server.ws_url(f"token={world.token(uid)}") for uid in members],
+                    "urls": [server.ws_url(f"channels={channel}") for _ in range(watchers)],
                     "frames": sizes.ceiling_frames,
                 }
             )
@@ -794,10 +794,10 @@ def phase_layers(world: World, workdir: Path, sizes: Sizes, redis_url: str, watc
             f"{result['missing']} dropped)"
         )
     return {
-        "layers.pubsub_vs_core_frames": round(rates["pubsub"] / rates["core"], 3) if rates["core"] else 0.0,
-        "_burst_pubsub_frames_per_s": rates["pubsub"],
+        "layers.pubsub_vs_core_frames": round(rates["relay"] / rates["core"], 3) if rates["core"] else 0.0,
+        "_burst_pubsub_frames_per_s": rates["relay"],
         "_burst_core_frames_per_s": rates["core"],
-        "_burst_pubsub_dropped": missing["pubsub"],
+        "_burst_pubsub_dropped": missing["relay"],
         "_burst_core_dropped": missing["core"],
     }
 
@@ -924,7 +924,7 @@ def main() -> int:
     phases = set(args.only or ["idle", "notify", "churn", "commands", "cpu", "instructions", "ceiling", "layers"])
     started = time.time()
     sys.path.insert(0, str(BASE_DIR))
-    from relay.embedded_redis import EmbeddedRedis
+    from devtools.embedded_redis import EmbeddedRedis
 
     results: dict[str, Any] = {}
     steps: list[dict] = []

@@ -16,24 +16,20 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 
+from presence.clock import Clock, LoopClock, Timer
 from presence.fabric import State, group_name, transition_message
 from presence.store import PresenceStore, Timings, member, record_failure, split_member
 from relay import metrics
-from relay.connect_reads import channel_ids_of_user
 from relay.exceptions import ConnectionRefused
-from relay.layers import group_send_many, publications
+from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.models import User
-
-if TYPE_CHECKING:
-    from relay.consumers import GatewayConsumer
-    from relay.membership import MembershipBus
+from relay.queries import channel_ids_of_user
+from relay.registry import Connection
 
 logger = logging.getLogger("presence")
 
@@ -50,6 +46,9 @@ INVALID_COPY_WINDOW_SECONDS = 1.0
 INVALID_SEEN_MAX = 256
 
 Subject = tuple[str, str]
+
+# Presence's one source of time on this instance (presence/clock.py); tests replace it.
+clock: Clock = LoopClock()
 
 
 @dataclass
@@ -90,40 +89,6 @@ def _published(user_id: str, state: State, channels: int) -> None:
     log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
 
 
-@dataclass(frozen=True)
-class Admitted:
-    """What a connection's admission found: who of those asked is online, and its own `online`.
-
-    `online` is None when Redis did not answer. `announced` is the id of the `online` this
-    connection's election published to the user's channels, None when it published nothing.
-    """
-
-    online: list[str] | None
-    announced: str | None
-
-
-@dataclass(frozen=True)
-class Departure:
-    """A user's last local close, as its grace check needs it.
-
-    The `offline` goes to the user's channels at the decision, not at the close: a channel the
-    user was added to during the grace may have heard them announced `online` (`announce`), and
-    would otherwise never hear them leave. The channels at the close are brought up to date from
-    the membership bus, which every process hears every change on; the database is read only
-    when the bus no longer remembers the whole interval.
-    """
-
-    channels: frozenset[str]
-    user_pk: int
-    bus: "MembershipBus"
-    since: int
-
-    async def channels_now(self, environment_id: str, user_id: str) -> set[str]:
-        """The user's channels now."""
-        current = self.bus.channels_since(self.user_pk, set(self.channels), self.since)
-        return current if current is not None else await channels_of(environment_id, user_id)
-
-
 def suppressed(user_id: str, state: State, reason: str) -> None:
     """Log and count a transition this instance decided not to publish."""
     metrics.PRESENCE_SUPPRESSED.labels(state=state, reason=reason).inc()
@@ -131,9 +96,9 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
 
 
 @database_sync_to_async
-def channels_of(environment_id: str, user_id: str) -> set[str]:
-    """The channel ids of one tenant's user, read from the database (empty when unknown)."""
-    user = User.objects.filter(environment_id=environment_id, external_id=user_id).first()
+def read_channel_ids(environment_id: str, user_id: str) -> set[str]:
+    """The channel ids of one tenant's user, read from the database now (empty when unknown)."""
+    user = User.objects.filter(environment_id=environment_id, external_id=user_id).only("pk").first()
     return channel_ids_of_user(user.pk) if user else set()
 
 
@@ -142,9 +107,10 @@ class PresenceService:
 
     def __init__(self, timings: Timings | None = None) -> None:
         self.timings = timings or Timings.from_settings()
+        self.clock = clock
         self.store = PresenceStore(settings.RELAY_PRESENCE_REDIS_URL, self.timings)
         self.held: dict[Subject, Held] = {}
-        self.pending: dict[Subject, asyncio.TimerHandle] = {}
+        self.pending: dict[Subject, Timer] = {}
         self.closed = False
         self._ticker: asyncio.Task | None = None
         # Resolved when the refresh in flight (if any) has been answered by Redis.
@@ -153,15 +119,14 @@ class PresenceService:
         self._invalid_seen: dict[int, float] = {}
 
     # ── connections ──────────────────────────────────────────────────────────
-    async def connect(self, conn: "GatewayConsumer", watch: Sequence[str], transition_id: str) -> "Admitted":
+    async def connect(self, conn: Connection, watch: Sequence[str]) -> list[str] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
-        Returns which of `watch` are online (read in the same round trip, after the election;
-        None when Redis did not answer) and the id of the `online` this connection published, if
-        it did: `transition_id`, minted by the caller so it knows the id before the election. Raises
-        ConnectionRefused(4429) when the user already holds the maximum of connections anywhere;
-        nothing is changed then. With Redis unreachable the connection is admitted (presence must
-        not take sockets down with it) and the refresh announces it later.
+        Returns which of `watch` are online, read in the same round trip after the election
+        (None when Redis did not answer). Raises ConnectionRefused(4429) when the user already
+        holds the maximum of connections anywhere; nothing is changed then. With Redis
+        unreachable the connection is admitted (presence must not take sockets down with it)
+        and the refresh announces it later.
         """
         subject = (conn.environment_id, conn.user_id)
         # Registered before the await, so a close of another local connection racing this one
@@ -170,43 +135,38 @@ class PresenceService:
         held.connections[conn.connection_id] = conn.channel_ids
         self._ensure_ticker()
         channels = sorted(conn.channel_ids)
+        transition_id = str(uuid.uuid4())
         # Prepared whether or not this connection wins: Redis publishes them in the election's own
         # round trip when it does (when the layer's groups live on the presence Redis).
-        publish = self._in_store("online", conn.user_id, channels, transition_id)
+        publish = self._script_publishes("online", conn.user_id, channels, transition_id)
         # A refresh meanwhile must not take this connection for one already elected: landing
         # first, it would re-create a missing key ("vanished") and this election would then find
         # the user online and publish nothing.
         held.admitting.add(conn.connection_id)
         try:
-            admission = await self.store.admission(
+            election = await self.store.elect(
                 conn.environment_id, conn.user_id, conn.connection_id, watch, publish or ()
             )
         finally:
             held.admitting.discard(conn.connection_id)
-        if admission is None:
-            return Admitted(online=None, announced=None)
-        if not admission.admitted:
+        if election is None:
+            return None
+        if not election.admitted:
             self._forget(subject, conn.connection_id)
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.confirmed = True
-        if not admission.won:
-            suppressed(conn.user_id, "online", NEVER_RETRACTED if admission.unretracted else ALREADY_ONLINE)
-            return Admitted(online=admission.online, announced=None)
-        if publish is not None:
+        if not election.won:
+            suppressed(conn.user_id, "online", NEVER_RETRACTED if election.unretracted else ALREADY_ONLINE)
+        elif publish is not None:
             _published(conn.user_id, "online", len(channels))
-        elif not await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id):
-            return Admitted(online=admission.online, announced=None)
-        if not channels:
-            return Admitted(online=admission.online, announced=None)
-        return Admitted(online=admission.online, announced=transition_id)
+        else:
+            await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id)
+        return election.online
 
-    async def disconnect(self, conn: "GatewayConsumer") -> None:
+    async def disconnect(self, conn: Connection) -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
         subject = (conn.environment_id, conn.user_id)
         last_local = self._forget(subject, conn.connection_id)
-        # The channels at the close, and the bus position they are current at: changes after it
-        # may still have been queued for the connection, unapplied (see `Departure`).
-        departure = Departure(frozenset(conn.channel_ids), conn.user.pk, conn.bus, conn.membership_seq)
         refreshing = self._refreshing
         if refreshing is not None:
             # A refresh in flight was built before this close and still carries the connection.
@@ -218,7 +178,7 @@ class PresenceService:
         # instead of racing the check (seed 004, R2b).
         await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
-            self._arm_grace_check(subject, departure)
+            self._arm_grace_check(subject)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -232,15 +192,16 @@ class PresenceService:
         return True
 
     # ── the grace check ──────────────────────────────────────────────────────
-    def _arm_grace_check(self, subject: Subject, departure: Departure) -> None:
+    def _arm_grace_check(self, subject: Subject) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
         previous = self.pending.pop(subject, None)
         if previous is not None:
             previous.cancel()
-        loop = asyncio.get_running_loop()
-        check = functools.partial(self._grace_check, subject, departure)
-        self.pending[subject] = loop.call_later(self.timings.check_delay / 1000, self._fire, subject, check)
+        check = functools.partial(self._grace_check, subject)
+        self.pending[subject] = self.clock.call_later(
+            self.timings.check_delay / 1000, functools.partial(self._fire, subject, check)
+        )
 
     def _fire(self, subject: Subject, work: Callable[[], Awaitable[None]]) -> None:
         self.pending.pop(subject, None)
@@ -251,11 +212,14 @@ class PresenceService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject, departure: Departure) -> None:
+    async def _grace_check(self, subject: Subject) -> None:
         environment_id, user_id = subject
-        ordered = sorted(await departure.channels_now(environment_id, user_id))
+        # The channels at the decision, not at the close: a channel the user was added to during
+        # the grace may have heard them announced `online` (presence.announce), and must hear
+        # them leave; one they were removed from must not.
+        ordered = sorted(await read_channel_ids(environment_id, user_id))
         transition_id = str(uuid.uuid4())
-        publish = self._in_store("offline", user_id, ordered, transition_id)
+        publish = self._script_publishes("offline", user_id, ordered, transition_id)
         outcome = await self.store.grace_check(environment_id, user_id, publish or ())
         if outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
@@ -277,7 +241,7 @@ class PresenceService:
         # instance's reaper is the one that tells them about a dead peer's users.
         try:
             while self.held and not self.closed:
-                await asyncio.sleep(self.timings.refresh / 1000)
+                await self.clock.sleep(self.timings.refresh / 1000)
                 try:
                     await self.tick()
                 except Exception as error:
@@ -326,7 +290,7 @@ class PresenceService:
                 suppressed(user_id, "offline", ANOTHER_PUBLISHED)
                 continue
             try:
-                channels = await channels_of(environment_id, user_id)
+                channels = await read_channel_ids(environment_id, user_id)
             except Exception as error:
                 record_failure("reap:channels", error)
                 continue
@@ -350,15 +314,15 @@ class PresenceService:
         channels = sorted(channel_ids)
         sends = _group_sends(user_id, state, channels, transition_id or str(uuid.uuid4()))
         try:
-            # One pipelined round trip for all of the user's channels (relay.layers).
-            await group_send_many(get_channel_layer(), sends)
+            # One pipelined round trip for all of the user's channels.
+            await channel_layer().group_send_many(sends)
         except Exception as error:
             record_failure("publish", error)
             return False
         _published(user_id, state, len(channels))
         return True
 
-    def _in_store(
+    def _script_publishes(
         self, state: State, user_id: str, channels: Sequence[str], transition_id: str
     ) -> list[tuple[str, bytes]] | None:
         """The transition as PUBLISHes for a presence script to send, or None when it cannot.
@@ -369,7 +333,7 @@ class PresenceService:
         """
         if self.closed:
             return None  # `publish` then declines too: nothing goes out after a shutdown began
-        return publications(get_channel_layer(), _group_sends(user_id, state, channels, transition_id), self.store.url)
+        return channel_layer().publications(_group_sends(user_id, state, channels, transition_id), self.store.url)
 
     # ── the fabric ───────────────────────────────────────────────────────────
     def first_sight_of_invalid(self, message: dict) -> bool:

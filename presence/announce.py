@@ -8,20 +8,19 @@ state across the change. Run in the request that added the membership (`membersh
 Without a ghost: the check that the user is online and the PUBLISH are one script, so a grace
 check's `offline` (also a script) either came first, and nothing is announced, or comes after,
 and goes to this channel too, because the `offline` is sent to the channels of the decision
-(`actions.Departure`).
+(the grace check reads them when it decides).
 """
 
 import logging
 import uuid
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
 from presence.reads import members_newly_seeing
 from presence.store import announce
-from relay.layers import publications
+from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.models import Channel, User
 
@@ -29,7 +28,8 @@ logger = logging.getLogger("presence")
 
 
 async def _publications(sends: list[tuple[str, dict]]) -> list[tuple[str, bytes]] | None:
-    return publications(get_channel_layer(), sends, settings.RELAY_PRESENCE_REDIS_URL)
+    # In the event loop: the layer's serializer and shards belong to the loop's own layer.
+    return channel_layer().publications(sends, settings.RELAY_PRESENCE_REDIS_URL)
 
 
 def member_added(
@@ -44,9 +44,8 @@ def member_added(
     message = transition_message(user.external_id, "online", str(uuid.uuid4()), channel_id, copies=1, audience=watchers)
     publish = async_to_sync(_publications)([(group_name(channel_id), message)])
     if publish is None:
-        # The groups live on another Redis than presence (RELAY_PRESENCE_REDIS_URL), or on a
-        # layer whose messages a script cannot PUBLISH (the core layer): the check and the
-        # publish cannot be one script, and announcing after a separate check could follow the
+        # The groups live on another Redis than presence (RELAY_PRESENCE_REDIS_URL): the check
+        # and the publish cannot be one script, and announcing after a separate check could follow the
         # user's `offline` and leave a ghost. They hear the user's next transition.
         return
     if announce(str(channel.environment_id), user.external_id, publish):

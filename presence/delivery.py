@@ -1,15 +1,15 @@
 """Presence fan-out in one task per process: a transition is handled once, not once per watcher.
 
-Through the channel layer, every local watcher of a channel gets its own copy of a transition on
-its queue, and each copy wakes that watcher's consumer: a task switch, a dispatch and the
-layer's bookkeeping per frame, most of a frame's CPU. On Relay's pub/sub layer the process
-claims the presence groups instead (`claim_groups`): each transition comes here once with the
-group's local members, is validated once, and is written to each member's socket by one task.
+Through a channel layer, every local watcher of a channel would get its own copy of a transition
+on its queue, and each copy would wake that watcher's consumer: a task switch, a dispatch and the
+layer's bookkeeping per frame, most of a frame's CPU. The process claims the presence groups
+instead (`claim_groups`): each transition comes here once with the group's local members, is
+validated once, and is written to each member's socket by one task.
 
 Order per connection is what the queue gave, because a transition goes past a watcher's queue
 only when nothing is queued for it nor still being handled (`backlog`): a connection that is
 not yet live (its snapshot unsent), or has an earlier transition or a membership change still
-in its queue, gets the copy queued behind them, as before. Transitions are taken in the order
+in its queue, gets the copy queued behind them. Transitions are taken in the order
 they were read, and Daphne's `send` hands the frame to Twisted without waiting, so one slow
 client only grows its own socket buffer.
 """
@@ -19,17 +19,13 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-from channels.layers import get_channel_layer
 
 from presence import actions
 from presence.fabric import GROUP_PREFIX, Dedup, Transition, parse_transition, subject_of
 from relay import metrics
+from relay.layer import channel_layer
 from relay.logging import log_event
-
-if TYPE_CHECKING:
-    from relay.consumers import GatewayConsumer
+from relay.registry import Connection
 
 logger = logging.getLogger("presence")
 
@@ -37,15 +33,10 @@ logger = logging.getLogger("presence")
 STATE_KEY = "presence"
 
 
-async def deliver(conn: "GatewayConsumer", message: dict, parsed: Callable[[], Transition | None]) -> None:
+async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | None]) -> None:
     """Deliver one transition (`message`; `parsed()` validates it) to a connection at most once, as `{user, state}`."""
     dedup: Dedup | None = conn.state.get(STATE_KEY)
     if dedup is None:
-        return
-    # A copy of the `online` this connection sent itself is dropped whatever it holds: nothing of
-    # it reaches the client, and the id it is matched on was minted here.
-    if dedup.drop_sent_ahead(message.get("transition")):
-        metrics.PRESENCE_DEDUP_DROPS.inc()
         return
     transition = parsed()
     if transition is None:
@@ -70,81 +61,29 @@ class Fanout:
     """This event loop's presence deliveries: the claim on the groups, the live watchers, the task."""
 
     def __init__(self) -> None:
-        self.layer = get_channel_layer()
+        self.layer = channel_layer()
         # By channel name; weak, so a consumer that ended without its close hook is not kept.
-        self.watchers: weakref.WeakValueDictionary[str, GatewayConsumer] = weakref.WeakValueDictionary()
+        self.watchers: weakref.WeakValueDictionary[str, Connection] = weakref.WeakValueDictionary()
         self.pending: asyncio.Queue[tuple[dict, tuple[str, ...]]] = asyncio.Queue()
-        # The `online`s this loop's connections deliver to themselves, by transition id: the
-        # connection's channel name and its Dedup, which counts the copies still to come.
-        self.own: dict[str, tuple[str, Dedup]] = {}
         self.claimed = False
         self._task: asyncio.Task | None = None
 
-    def claim(self) -> bool:
-        """Claim the presence groups on this loop's layer once; False on a layer that cannot."""
-        if not self.claimed:
-            claim_groups = getattr(self.layer, "claim_groups", None)
-            if claim_groups is None:
-                return False
-            claim_groups(GROUP_PREFIX, self.received)
-            self.claimed = True
-        return True
-
-    def live(self, conn: "GatewayConsumer") -> None:
+    def live(self, conn: Connection) -> None:
         """`conn` has its snapshot: transitions may be written to it directly from now on."""
-        if self.claim():
-            self.watchers[conn.channel_name] = conn
+        if not self.claimed:
+            self.layer.claim_groups(GROUP_PREFIX, self.received)
+            self.claimed = True
+        self.watchers[conn.channel_name] = conn
 
-    def gone(self, conn: "GatewayConsumer") -> None:
+    def gone(self, conn: Connection) -> None:
         """`conn` is closing: nothing more is written to it from here."""
         self.watchers.pop(conn.channel_name, None)
-        dedup: Dedup | None = conn.state.get(STATE_KEY)
-        if dedup is not None:
-            # Copies still to come go to no one now.
-            self.withdraw_own(dedup)
-
-    def expect_own(self, conn: "GatewayConsumer", dedup: Dedup) -> None:
-        """`conn` delivers the transition `dedup` sent ahead to itself: drop its copies as they are read.
-
-        Said before the election that may publish it. The copies come back to this process while
-        the connection is still being admitted (Redis writes them before the election's reply),
-        and then went to the connection's queue, re-serialized, to be dropped by its consumer
-        after the connect: every first connect paid for that. `withdraw_own` undoes it.
-        """
-        if dedup.ahead is not None and self.claim():
-            self.own[dedup.ahead] = (conn.channel_name, dedup)
-
-    def withdraw_own(self, dedup: Dedup) -> None:
-        """Forget what `expect_own` said, in both places: no copies are to be dropped for this connection.
-
-        Its election published nothing, or it is closing.
-        """
-        if dedup.ahead is not None:
-            self.own.pop(dedup.ahead, None)
-        dedup.withdraw()
 
     def received(self, message: dict, members: tuple[str, ...]) -> None:
         """One transition read off Redis, with the channels that were in its group at that moment."""
-        transition_id = message.get("transition") if isinstance(message, dict) else None
-        own = self.own.get(transition_id) if isinstance(transition_id, str) else None
-        if own is not None:
-            members = self._without_own_copy(transition_id, members, *own)
-            if not members:
-                return
         self.pending.put_nowait((message, members))
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._deliver_forever())
-
-    def _without_own_copy(
-        self, transition_id: str, members: tuple[str, ...], channel: str, dedup: Dedup
-    ) -> tuple[str, ...]:
-        if channel not in members or not dedup.drop_sent_ahead(transition_id):
-            return members
-        metrics.PRESENCE_DEDUP_DROPS.inc()
-        if dedup.ahead is None:
-            # Its last copy.
-            del self.own[transition_id]
-        return tuple(member for member in members if member != channel)
 
     async def _deliver_forever(self) -> None:
         while True:
@@ -153,8 +92,7 @@ class Fanout:
 
     async def deliver(self, message: dict, members: tuple[str, ...]) -> None:
         """Write one transition to each member, or queue it behind what the member has queued."""
-        # Validated once, when a member first needs it: a connection's own `online` coming back to
-        # it alone (what every first connect of a user publishes) is dropped without it.
+        # Validated once, when a member first needs it.
         transition = functools.cache(functools.partial(parse_transition, message))
         for channel in members:
             conn = self.watchers.get(channel)

@@ -126,50 +126,22 @@ def subject_of(message: dict) -> str:
 
 
 class Dedup:
-    """The ids of the last `size` transitions one connection delivered, and the one it sent ahead."""
+    """The ids of the last `size` transitions one connection delivered."""
 
     # Slots: one of these lives on every idle connection.
-    __slots__ = ("_ahead", "_ahead_copies", "_seen", "size")
+    __slots__ = ("_seen", "size")
 
     def __init__(self, size: int = DEDUP_WINDOW) -> None:
         self.size = size
         # A plain dict keeps insertion order too, without OrderedDict's linked list per entry.
         self._seen: dict[str, None] = {}
-        self._ahead: str | None = None
-        self._ahead_copies = 0
-
-    def sent_ahead(self, transition_id: str, copies: int) -> None:
-        """The connection delivers this transition to itself; its `copies` copies on the fabric are drops.
-
-        Said before its election: the copies exist only if it wins, and may come back before the
-        election's own reply does.
-        """
-        self._ahead, self._ahead_copies = transition_id, copies
-
-    @property
-    def ahead(self) -> str | None:
-        """The id of the transition sent ahead whose copies are still to come, if any."""
-        return self._ahead
-
-    def withdraw(self) -> None:
-        """Nothing was sent ahead after all (the election published nothing): no copies will come."""
-        self._ahead, self._ahead_copies = None, 0
-
-    def drop_sent_ahead(self, transition_id: object) -> bool:
-        """True for a copy of the transition sent ahead (forgotten with its last copy)."""
-        if self._ahead is None or transition_id != self._ahead:
-            return False
-        self._ahead_copies -= 1
-        if self._ahead_copies <= 0:
-            self._ahead = None
-        return True
 
     def claim(self, transition_id: str) -> bool:
         """True the first time an id is seen, False for every later copy."""
         if transition_id in self._seen:
             return False
         # Interned: every local watcher of a transition parsed its own copy of the id, and a full
-        # window would keep 256 of them per connection (~20 KB); interned, they share one string.
+        # window would keep 256 of them per connection; interned, they share one string.
         self._seen[sys.intern(transition_id)] = None
         if len(self._seen) > self.size:
             del self._seen[next(iter(self._seen))]

@@ -5,18 +5,15 @@ ephemeral, and the keys are the only place it lives.
 """
 
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
 
 from channels.db import database_sync_to_async
 from django.db.models import Exists, OuterRef
 
 from presence import actions
+from presence.queries import co_member_external_ids, co_members_in, members_of_channels
 from presence.store import online_flags
-from relay.connect_reads import co_member_external_ids, co_members_in, members_of_channels
 from relay.models import Channel, Membership, User
-
-if TYPE_CHECKING:
-    from relay.consumers import GatewayConsumer
+from relay.registry import Connection
 
 
 def co_member_ids(environment_id: str, user_id: str, channel_ids: Collection[str]) -> list[str]:
@@ -79,7 +76,7 @@ def members_newly_seeing(environment_id: str, user: User, channel_id: str, membe
     return sorted(members)
 
 
-async def announce_new_co_members(conn: "GatewayConsumer", channel_id: str) -> None:
+async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
     """Tell a connection whose user just joined `channel_id` who it made visible and is online.
 
     Without this the client's state would miss them until their next transition, and "snapshot
@@ -96,7 +93,7 @@ async def announce_new_co_members(conn: "GatewayConsumer", channel_id: str) -> N
         await conn.send_frame("presence.changed", {"user": user_id, "state": "online"})
 
 
-async def snapshot(conn: "GatewayConsumer") -> list[str]:
+async def snapshot(conn: Connection) -> list[str]:
     """Who among the connection's co-members (and the user) is online now, sorted.
 
     The fallback for a connection whose co-members the connect's database hop could not read

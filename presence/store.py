@@ -36,7 +36,7 @@ from redis.retry import Retry
 from relay import metrics
 from relay.batching import GroupCommit
 from relay.logging import log_event
-from relay.redis_client import pack_with_hiredis
+from relay.transport.hiredis import pack_with_hiredis
 
 logger = logging.getLogger("presence")
 
@@ -264,8 +264,8 @@ def record_failure(op: str, error: BaseException) -> None:
 
 
 @dataclass(frozen=True)
-class Admission:
-    """The outcome of one connection's admit: let in, won the election, who of those asked is online."""
+class Election:
+    """The outcome of one connection's election: let in, won, and who of those asked is online."""
 
     admitted: bool
     won: bool
@@ -336,10 +336,8 @@ class PresenceStore:
         self._refresh = self.client.register_script(REFRESH)
         self._reap = self.client.register_script(REAP)
         # A connect's or close's script goes with the calls made while one round trip is in flight
-        # (relay.batching): each connection's admission, release and grace check was its own call,
-        # so in a burst hundreds were in flight at once, and redis-py's pool connects and checks a
-        # connection under the lock every caller takes: each election queued behind the others'
-        # set-up (≈ 360 ms per election at 300 connects/s). A call alone goes at once.
+        # (relay.batching). One call each would put hundreds in flight in a burst, each queued
+        # behind the others' set-up on redis-py's pool lock. A call alone goes at once.
         self._scripts: GroupCommit[tuple[AsyncScript, list, list], object] = GroupCommit(self._send_scripts)
 
     async def _script(self, script: AsyncScript, keys: list, args: list) -> object:
@@ -371,19 +369,14 @@ class PresenceStore:
         finally:
             metrics.redis_op_seconds(op).observe(time.perf_counter() - started)
 
-    async def admit(self, environment_id: str, user_id: str, connection_id: str) -> tuple[bool, bool] | None:
-        """Check the connection limit and run the election: (admitted, won), or None on failure."""
-        admission = await self.admission(environment_id, user_id, connection_id)
-        return None if admission is None else (admission.admitted, admission.won)
-
-    async def admission(
+    async def elect(
         self,
         environment_id: str,
         user_id: str,
         connection_id: str,
         watch: Sequence[str] = (),
         publish: Sequence[tuple[str, bytes]] = (),
-    ) -> "Admission | None":
+    ) -> Election | None:
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
         `online` is read after this connection's own election, so it includes the user when admitted.
@@ -401,7 +394,7 @@ class PresenceStore:
         reply = await self.call("admit", lambda: self._script(self._admit, keys, args))
         if reply is None:
             return None
-        return Admission(
+        return Election(
             admitted=bool(reply[0]),
             won=reply[1] == 1,
             online=[_text(uid) for uid in reply[2:]],

@@ -1,12 +1,11 @@
-"""Django admin for staff: tenants, keys, users, channels, memberships and messages."""
+"""Django admin for staff: tenants, keys, users, channels and memberships."""
 
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
-from django.urls import reverse
-from django.utils.html import format_html
 
-from relay.models import ApiKey, Channel, Environment, Membership, Message, User
+from relay import tokens
+from relay.models import ApiKey, Channel, Environment, Membership, User
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -24,7 +23,7 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Environment)
 class EnvironmentAdmin(admin.ModelAdmin):
-    list_display = ("name", "id", "user_count", "channel_count", "presence_page", "secret_rotated_at", "created_at")
+    list_display = ("name", "id", "user_count", "channel_count", "secret_rotated_at", "created_at")
     search_fields = ("name", "id")
     readonly_fields = ("id", "secret_rotated_at", "created_at")
     exclude = ("signing_secret",)
@@ -46,14 +45,10 @@ class EnvironmentAdmin(admin.ModelAdmin):
     def channel_count(self, obj: Environment) -> int:
         return obj._channels
 
-    @admin.display(description="presence")
-    def presence_page(self, obj: Environment) -> str:
-        return format_html('<a href="{}">who is online</a>', reverse("relay_environment_presence", args=[obj.pk]))
-
     @admin.action(description="Rotate the token signing secret (invalidates every token)")
     def rotate_signing_secret(self, request: HttpRequest, queryset: QuerySet) -> None:
         for environment in queryset:
-            environment.rotate_signing_secret()
+            tokens.rotate_signing_secret(environment)
         self.message_user(request, f"Rotated the signing secret of {queryset.count()} environment(s).")
 
     @admin.action(description="Issue a new API key (shown once)")
@@ -120,33 +115,3 @@ class MembershipAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).select_related("user", "channel__environment")
-
-
-@admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
-    """Read-only: a message's seq is part of every client's resume position, so staff never edit one."""
-
-    list_display = ("channel", "seq", "author", "preview", "environment", "created_at")
-    list_filter = ("channel__environment", ("channel", admin.RelatedOnlyFieldListFilter))
-    search_fields = ("author__external_id",)
-    fields = ("id", "channel", "seq", "author", "idem_key", "text", "created_at")
-    readonly_fields = fields
-    ordering = ("-created_at",)
-    list_select_related = ("channel__environment", "author")
-
-    @admin.display(description="text")
-    def preview(self, obj: Message) -> str:
-        return obj.text if len(obj.text) <= 80 else obj.text[:79] + "…"
-
-    @admin.display(description="environment", ordering="channel__environment__name")
-    def environment(self, obj: Message) -> Environment:
-        return obj.channel.environment
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Message | None = None) -> bool:
-        return False

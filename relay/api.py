@@ -11,27 +11,20 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Annotated, Any, Literal, TypeVar
 
-from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
-from relay import membership, messaging
+from relay import membership
 from relay.exceptions import ApiError, InvalidToken
 from relay.frames import Identifier, StrictModel, describe_validation_error
 from relay.models import API_KEY_PREFIX, ApiKey, Channel, Environment, User, hash_api_key
-from relay.redis_client import ping
 from relay.tokens import MAX_TTL_SECONDS, mint_token, verify_token
 
 logger = logging.getLogger(__name__)
 
 View = Callable[..., HttpResponse]
-HISTORY_DEFAULT_LIMIT = 100
-# The largest seq a PositiveBigIntegerField holds on every backend.
-MAX_SEQ = 2**63 - 1
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -199,24 +192,6 @@ def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
     return HttpResponse(status=204)
 
 
-@endpoint("GET", readers=True)
-def channel_messages(request: HttpRequest, channel_id: str) -> HttpResponse:
-    """GET /v1/channels/<id>/messages?after=<seq>&limit=<n>: the channel's messages after a seq, in seq order.
-
-    With a connection token, only a channel its user is a member of; any other is a 404, as
-    another tenant's is.
-    """
-    channel = get_channel(request.environment, channel_id)
-    if request.reader is not None and not messaging.is_member(request.reader, str(channel.id)):
-        raise ApiError(404, "channel_not_found", "no such channel")
-    after = query_int(request, "after", 0, 0, MAX_SEQ)
-    limit = query_int(request, "limit", HISTORY_DEFAULT_LIMIT, 1, messaging.PAGE_SIZE)
-    found = messaging.messages_after(str(channel.id), after, limit)
-    # A full page may have more behind it; a short one reached the newest message.
-    next_after = found[-1]["seq"] if len(found) == limit else None
-    return JsonResponse({"channel": str(channel.id), "messages": found, "next_after": next_after})
-
-
 @endpoint("POST")
 def tokens(request: HttpRequest) -> HttpResponse:
     """POST /v1/tokens: mint a connection token for one of the environment's users."""
@@ -224,32 +199,3 @@ def tokens(request: HttpRequest) -> HttpResponse:
     user = get_user(request.environment, body.user)
     token, expires_at = mint_token(request.environment, user.external_id, body.ttl_seconds)
     return JsonResponse({"token": token, "expires_at": expires_at.isoformat()}, status=201)
-
-
-@endpoint("GET", authenticated=False)
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text format for this instance."""
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
-
-
-@endpoint("GET", authenticated=False)
-def healthz(request: HttpRequest) -> HttpResponse:
-    """200 while the process runs."""
-    return JsonResponse({"status": "ok"})
-
-
-@endpoint("GET", authenticated=False)
-def readyz(request: HttpRequest) -> HttpResponse:
-    """200 when the database and Redis answer, else 503 naming what did not."""
-    checks = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as error:
-        checks["database"] = type(error).__name__
-    checks["redis"] = ping(settings.RELAY_REDIS_URL)
-    if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
-        checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
-    ready = all(value == "ok" for value in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)

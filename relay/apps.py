@@ -6,10 +6,9 @@ class RelayConfig(AppConfig):
     verbose_name = "Relay: tenants, users and channels"
 
     def ready(self) -> None:
-        # chat registers the message frame, event and connection hooks (relay.registry);
-        # membership connects the receivers that carry every membership change to live connections.
-        from relay import chat, membership  # noqa: F401
-        from relay.close_handshake import install
+        # The receivers that carry every membership change to live connections.
+        from relay import membership  # noqa: F401
+        from relay.transport import close_handshake
 
         # Before Daphne builds its WebSocket factory, when this process is Daphne.
-        install()
+        close_handshake.install()

@@ -11,7 +11,11 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from relay.layer import check_channel_layer  # noqa: E402
 from relay.routing import websocket_urlpatterns  # noqa: E402
+
+# A layer without Relay's hooks fails here, at start-up, naming what it lacks.
+check_channel_layer()
 
 application = ProtocolTypeRouter(
     {

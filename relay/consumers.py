@@ -25,12 +25,11 @@ from pydantic import ValidationError
 
 from relay import membership, metrics, registry
 from relay.batching import GroupCommit
-from relay.connect_reads import channel_ids_of_user, channel_ids_of_users, users_by_external_id
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
 from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
-from relay.layers import group_add_many, group_discard_many
 from relay.logging import log_event
 from relay.models import Environment, User
+from relay.queries import channel_ids_of_user, channel_ids_of_users, users_by_external_id
 from relay.tokens import authenticate
 
 logger = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ def log_hook_failure(hook: str, error: Exception) -> None:
 
 
 @dataclass
-class Session:
+class ConnectRead:
     """What a connect reads from the database: the user, their channels, and each extension's `load`."""
 
     user: User
@@ -57,14 +56,14 @@ class Session:
     loaded: dict[registry.Extension, Any] = field(default_factory=dict)
 
 
-def _read_sessions(reads: list[tuple[str | None, list[registry.Extension]]]) -> list[Session | Exception]:
-    """Each (token, extensions)'s session, or the exception that refused or failed it.
+def _read_connects(reads: list[tuple[str | None, list[registry.Extension]]]) -> list[ConnectRead | Exception]:
+    """Each (token, extensions)'s read, or the exception that refused or failed it.
 
     The batch shares its reads: one query for the users of each environment, one for all their
     channels, one `load` per extension. A token that does not verify, or names no user, is its
     own InvalidToken; a database error fails every connect whose token verified.
     """
-    outcomes: list[Session | Exception] = []
+    outcomes: list[ConnectRead | Exception] = []
     subjects: dict[uuid.UUID, tuple[Environment, dict[int, str]]] = {}
     for index, (token, _) in enumerate(reads):
         try:
@@ -74,77 +73,71 @@ def _read_sessions(reads: list[tuple[str | None, list[registry.Extension]]]) -> 
         else:
             outcomes.append(InvalidToken("unknown user"))  # unless the read below finds the user
             subjects.setdefault(environment.id, (environment, {}))[1][index] = subject
-    sessions: dict[int, Session] = {}
+    found: dict[int, ConnectRead] = {}
     try:
         for environment_id, (environment, wanted) in subjects.items():
             users = users_by_external_id(environment_id, set(wanted.values()))
             for index, subject in wanted.items():
                 if (user := users.get(subject)) is not None:
                     user.environment = environment  # the cached one, as select_related would
-                    sessions[index] = Session(user=user, channel_ids=set())
-        channels = channel_ids_of_users([session.user.pk for session in sessions.values()])
+                    found[index] = ConnectRead(user=user, channel_ids=set())
+        channels = channel_ids_of_users([read.user.pk for read in found.values()])
     except Exception as error:
         for _, wanted in subjects.values():
             for index in wanted:
                 outcomes[index] = error
         return outcomes
-    for index, session in sessions.items():
-        session.channel_ids = channels.get(session.user.pk, set())
-        outcomes[index] = session
+    for index, read in found.items():
+        read.channel_ids = channels.get(read.user.pk, set())
+        outcomes[index] = read
     for ext in dict.fromkeys(ext for _, extensions in reads for ext in extensions):
         if type(ext).load is not registry.Extension.load:
-            _load(ext, [session for index, session in sessions.items() if ext in reads[index][1]])
+            _load(ext, [read for index, read in found.items() if ext in reads[index][1]])
     return outcomes
 
 
-def _load(ext: registry.Extension, sessions: list[Session]) -> None:
-    if not sessions:
+def _load(ext: registry.Extension, connects: list[ConnectRead]) -> None:
+    if not connects:
         return
     try:
-        loaded = list(ext.load([(session.user, frozenset(session.channel_ids)) for session in sessions]))
-        if len(loaded) != len(sessions):
-            raise ValueError(f"{len(loaded)} results for {len(sessions)} sessions")
+        loaded = list(ext.load([(read.user, frozenset(read.channel_ids)) for read in connects]))
+        if len(loaded) != len(connects):
+            raise ValueError(f"{len(loaded)} results for {len(connects)} connects")
     except Exception as error:
         # The extension does without (as a failed hook would); the connections still open.
         log_hook_failure(f"{type(ext).__name__}.load", error)
         return
-    for session, value in zip(sessions, loaded, strict=True):
-        session.loaded[ext] = value
+    for read, value in zip(connects, loaded, strict=True):
+        read.loaded[ext] = value
 
 
-_read_in_worker = database_sync_to_async(_read_sessions)
+_read_in_worker = database_sync_to_async(_read_connects)
 
 # The connect path's database hop, shared by the connects of one event loop that wait for it
 # (relay.batching). A connect reads its token, user, channels and every extension's `load` in ONE
-# worker-thread hop, and the hop itself (the handoff to the thread and back, Django's connection
-# bookkeeping on both sides, the GIL passed between the threads) cost more than the reads in it:
-# ≈ 530 µs of worker CPU a connect against ≈ 250 µs of reading.
-_session_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
+# worker-thread hop, because the hop itself (the handoff to the thread and back, Django's
+# connection bookkeeping on both sides, the GIL passed between the threads) costs more than the
+# reads in it.
+_connect_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
 
 
-async def open_session(token: str | None, extensions: list[registry.Extension]) -> Session:
+async def read_connect(token: str | None, extensions: list[registry.Extension]) -> ConnectRead:
     """Authenticate a connect and read what it needs, in the event loop's shared database hop."""
     loop = asyncio.get_running_loop()
-    reads = _session_reads.get(loop)
+    reads = _connect_reads.get(loop)
     if reads is None:
-        # Looked up at send time, so a test can stand in for the hop.
-        reads = _session_reads[loop] = GroupCommit(lambda batch: _read_in_worker(batch))
+        reads = _connect_reads[loop] = GroupCommit(_read_in_worker)
     return await reads.submit((token, extensions))
 
 
 @database_sync_to_async
-def channels_of(user: User) -> set[str]:
+def read_channel_ids(user: User) -> set[str]:
     """Return the ids of the channels `user` belongs to."""
     return channel_ids_of_user(user.pk)
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
-    """One client connection. Attributes the apps may read once admitted:
-
-    `connection_id`, `user` (the model), `environment_id`, `user_id` (the tenant's
-    id for the user), `channel_ids` (kept current by live membership changes) and
-    `state`, a dict in which each app keeps its own per-connection data.
-    """
+    """One client connection: what the apps may use of it is `relay.registry.Connection`."""
 
     async def connect(self) -> None:
         self.connection_id = uuid.uuid4().hex
@@ -162,7 +155,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         since = self.bus.mark()
         try:
             # Popped: no hook needs the token after this, and an idle connection need not keep it.
-            session = await open_session(self.query.pop("token", [None])[0], registry.extensions)
+            read = await read_connect(self.query.pop("token", [None])[0], registry.extensions)
         except InvalidToken:
             # Accepted then closed, so a browser client sees the 4401 (a refused
             # handshake is only ever a 1006 to JavaScript). Nothing else is sent.
@@ -170,18 +163,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
-        self.user, self.channel_ids, self.loaded = session.user, session.channel_ids, session.loaded
+        self.user, self.channel_ids, self.loaded = read.user, read.channel_ids, read.loaded
         self.environment_id = str(self.user.environment_id)
         self.user_id = self.user.external_id
         if not self.bus.listen(self.user.pk, self.channel_name, since):
             # More changes than the bus remembers came by during the read: read again.
-            since = self.bus.mark()
-            self.channel_ids = await channels_of(self.user)
-        # The bus position `channel_ids` is known to be current at: every change of this user
-        # after it is applied here, or still queued for this connection (membership_changed).
-        self.membership_seq = since
+            self.channel_ids = await read_channel_ids(self.user)
         # Every app's groups, before any admit reads anything (registry.Extension.group).
-        await group_add_many(self.channel_layer, self._groups(self.channel_ids), self.channel_name)
+        await self.channel_layer.group_add_many(self._groups(self.channel_ids), self.channel_name)
         try:
             for ext in registry.extensions:
                 await ext.admit(self)
@@ -231,7 +220,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         with contextlib.suppress(Exception):
             # Redis away: the subscriptions go with the process's pub/sub connection anyway, and
             # the apps' close hooks that follow must still run.
-            await group_discard_many(self.channel_layer, self._groups(self.channel_ids), self.channel_name)
+            await self.channel_layer.group_discard_many(self._groups(self.channel_ids), self.channel_name)
 
     async def _release(self) -> None:
         for ext in reversed(self.admitted):
@@ -294,9 +283,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         finally:
             # Every other message came from the channel layer: counted off its backlog once handled,
             # so a handler that writes past the queue (presence's fan-out) never overtakes it.
-            handled = getattr(self.channel_layer, "handled", None)
-            if handled is not None:
-                handled(self.channel_name)
+            self.channel_layer.handled(self.channel_name)
 
     async def _dispatch(self, message_type: str, message: dict) -> None:
         handler = registry.events.get(message_type)
@@ -320,17 +307,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def membership_changed(self, event: dict) -> None:
         """The user joined or left a channel: keep `channel_ids` and every app's groups current."""
         channel_id = event["channel"]
-        self.membership_seq = max(self.membership_seq, event.get("seq", 0))
         if event["member"] and channel_id not in self.channel_ids:
             self.channel_ids.add(channel_id)
-            await group_add_many(self.channel_layer, self._groups([channel_id]), self.channel_name)
+            await self.channel_layer.group_add_many(self._groups([channel_id]), self.channel_name)
             for ext in self.admitted:
                 await self._guarded(ext.channel_added, "channel_added", channel_id)
         elif not event["member"] and channel_id in self.channel_ids:
             # Out of `channel_ids` first: every app drops the channel's events from here on, even
             # those already queued for this connection.
             self.channel_ids.discard(channel_id)
-            await group_discard_many(self.channel_layer, self._groups([channel_id]), self.channel_name)
+            await self.channel_layer.group_discard_many(self._groups([channel_id]), self.channel_name)
             for ext in self.admitted:
                 await self._guarded(ext.channel_removed, "channel_removed", channel_id)
 

@@ -6,9 +6,7 @@ can assert them with `caplog` and both formatters can render them. Nothing secre
 (tokens, API keys, message text, lists of channel ids) is ever passed as a field.
 """
 
-import functools
 import logging
-import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,31 +30,12 @@ def _timestamp(record: logging.LogRecord) -> datetime:
     return datetime.fromtimestamp(record.created, tz=UTC)
 
 
-def iso_time(created: float) -> str:
-    """`created` as `datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")` gives it.
-
-    Built from the second's text, made once a second: the datetime and its formatting were
-    ≈ 1.6 µs of a JSON line's ≈ 8, and every connect writes two (docs/performance.md). Rounded
-    to the microsecond as datetime rounds, then cut to the millisecond as isoformat cuts.
-    """
-    fraction, second = math.modf(created)
-    microseconds = round(fraction * 1_000_000)
-    if microseconds >= 1_000_000:
-        second, microseconds = second + 1, microseconds - 1_000_000
-    return f"{_iso_second(int(second))}.{microseconds // 1000:03d}+00:00"
-
-
-@functools.lru_cache(maxsize=4)
-def _iso_second(second: int) -> str:
-    return datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
-
-
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: `time`, `level`, `event`, then the event's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": iso_time(record.created),
+            "time": _timestamp(record).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
         }
         if hasattr(record, FIELDS_ATTR):
@@ -69,7 +48,7 @@ class JsonFormatter(logging.Formatter):
             line["message"] = record.getMessage()
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        # orjson: one line per connect and close is on the hot path (docs/performance.md).
+        # orjson: a line per connect and per close is on the hot path.
         # Datetimes passed through to str() and any key allowed, as json.dumps(default=str) did.
         return orjson.dumps(line, default=str, option=_ORJSON_OPTIONS).decode()
 

@@ -15,14 +15,13 @@ import logging
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Coroutine
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import Signal, receiver
 
+from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.models import Channel, Membership, User
 
@@ -34,9 +33,6 @@ EVENT = "membership.changed"
 # connect's database hop takes milliseconds, and a process sees far fewer changes than this
 # in that time. A connection that falls further behind re-reads its channels (`listen`).
 RECENT_CHANGES = 4096
-# channels-redis's core layer forgets a group member after a day (its group_expiry); the bus
-# joins again well before that. (The pub/sub layer keeps a subscription for the process's life.)
-REJOIN_SECONDS = 3600
 
 # Sent (sender=Membership, channel=, user=, membership_id=) once a membership was added and the
 # user's live connections were told: an app announces what the new membership makes visible to
@@ -48,57 +44,25 @@ member_added = Signal()
 class MembershipBus:
     """This event loop's one subscriber to membership changes, and its local connections by user.
 
-    On Relay's pub/sub layer (relay.layers) a change is handed to the user's local channels as it
-    is read off Redis, in order with every other message: a message published after a removal
-    reaches the connection after the removal, which then drops it. On another layer the bus reads
-    the group on a channel of its own and forwards each change with `send()`: one hop later than
-    a message published after it, so a removed connection may still see that one message.
+    A change is handed to the user's local channels as it is read off Redis (`route_group`), in
+    order with every other message: a message published after a removal reaches the connection
+    after the removal, which then drops it.
     """
 
     def __init__(self) -> None:
-        self.layer = get_channel_layer()
+        self.layer = channel_layer()
         self.listeners: dict[int, set[str]] = {}
         self.recent: deque[tuple[int, int, dict]] = deque(maxlen=RECENT_CHANGES)
         self.seq = 0
         self._joined: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         """Join the membership group once for this loop; later calls return at once."""
         joined = self._joined
         if joined is None or (joined.done() and (joined.cancelled() or joined.exception() is not None)):
-            joined = self._joined = asyncio.ensure_future(self._join())
+            joined = self._joined = asyncio.ensure_future(self.layer.route_group(MEMBERSHIP_GROUP, self.received))
         # Shielded: one connect cancelled midway must not cancel the join every connect waits for.
         await asyncio.shield(joined)
-
-    async def _join(self) -> None:
-        route = getattr(self.layer, "route_group", None)
-        if route is not None:
-            await route(MEMBERSHIP_GROUP, self.received)
-            return
-        # The layer's default prefix: channels-redis's core layer reads all of a process's
-        # channels of one prefix through one receiver; a second prefix would starve the first.
-        channel = await self.layer.new_channel()
-        await self.layer.group_add(MEMBERSHIP_GROUP, channel)
-        for work in (self._listen(channel), self._rejoin(channel)):
-            self._spawn(work)
-
-    async def _listen(self, channel: str) -> None:
-        while True:
-            try:
-                self.received(await self.layer.receive(channel))
-            except Exception as error:
-                # One bad read must not end membership updates for the whole process.
-                log_event(logger, "membership.receive_failed", logging.ERROR, error=type(error).__name__)
-                await asyncio.sleep(1)
-
-    async def _rejoin(self, channel: str) -> None:
-        while True:
-            await asyncio.sleep(REJOIN_SECONDS)
-            try:
-                await self.layer.group_add(MEMBERSHIP_GROUP, channel)
-            except Exception as error:
-                log_event(logger, "membership.rejoin_failed", logging.ERROR, error=type(error).__name__)
 
     def received(self, message: dict) -> None:
         """One change from the group: remember it and hand it to the user's local connections."""
@@ -108,29 +72,13 @@ class MembershipBus:
             log_event(logger, "membership.invalid_event", logging.ERROR)
             return
         self.seq += 1
-        # Numbered for the connections too: a closing one tells from which change on its
-        # `channel_ids` may be behind (`channels_since`).
-        message = {**message, "seq": self.seq}
         self.recent.append((self.seq, user_pk, message))
         for channel_name in self.listeners.get(user_pk, ()):
             self._hand(channel_name, message)
 
     def _hand(self, channel_name: str, message: dict) -> None:
-        send_local = getattr(self.layer, "send_local", None)
-        if send_local is None or not send_local(channel_name, message):
-            self._spawn(self._send(channel_name, message))
-
-    async def _send(self, channel_name: str, message: dict) -> None:
-        # One connection's failure (a full or closed channel) must not stop the others' changes.
-        try:
-            await self.layer.send(channel_name, message)
-        except Exception as error:
-            log_event(logger, "membership.deliver_failed", logging.ERROR, error=type(error).__name__)
-
-    def _spawn(self, work: Coroutine) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # A connection that has gone since it registered simply misses it.
+        self.layer.send_local(channel_name, message)
 
     def mark(self) -> int:
         """Where the bus is now: pass it to `listen` after reading the user's channels."""
@@ -148,18 +96,6 @@ class MembershipBus:
         for message in self._changes_since(user_pk, since):
             self._hand(channel_name, message)
         return self._remembers_since(since)
-
-    def channels_since(self, user_pk: int, channel_ids: set[str], since: int) -> set[str] | None:
-        """`channel_ids` as of `since` (a `mark`), brought up to date with the user's changes since.
-
-        None when some of that interval is no longer remembered: the caller reads the database.
-        """
-        if not self._remembers_since(since):
-            return None
-        current = set(channel_ids)
-        for message in self._changes_since(user_pk, since):
-            (current.add if message.get("member") else current.discard)(str(message.get("channel")))
-        return current
 
     def _remembers_since(self, since: int) -> bool:
         # The remembered changes are numbered without a gap, so the interval is all there when
@@ -250,7 +186,7 @@ def _notify(user_pk: int, channel_id: uuid.UUID, *, member: bool) -> None:
     # A channel-layer fault leaves the change made (it is durable) and the live connections to
     # pick it up on their next connect.
     try:
-        async_to_sync(get_channel_layer().group_send)(
+        async_to_sync(channel_layer().group_send)(
             MEMBERSHIP_GROUP, {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member}
         )
     except Exception as error:

@@ -1,4 +1,4 @@
-"""Tenancy: environments (tenants), their API keys, users, channels and memberships; messages.
+"""Tenancy: environments (tenants), their API keys, users, channels and memberships.
 
 Everything below an Environment is reached through it: lookups always filter by the
 caller's environment, so an object in another tenant is simply not found (404).
@@ -45,15 +45,6 @@ class Environment(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    def rotate_signing_secret(self) -> None:
-        """Replace the signing secret; tokens signed with the old one stop working."""
-        from relay.tokens import forget_secret  # tokens reads this model: imported here, not at the top
-
-        self.signing_secret = new_signing_secret()
-        self.secret_rotated_at = timezone.now()
-        self.save(update_fields=["signing_secret", "secret_rotated_at"])
-        forget_secret(self.id)
 
 
 class ApiKeyQuerySet(models.QuerySet):
@@ -125,9 +116,9 @@ class Channel(models.Model):
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.PUBLIC)
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(User, through="Membership", related_name="channels")
-    # The seq of the channel's newest message: bumped in the same transaction that
-    # inserts the message (relay.messaging.do_send_message), so it is never ahead of
-    # what is committed.
+    # The seq of the channel's newest chat message: bumped in the same transaction that
+    # inserts the message (chat.actions.send_message), so it is never ahead of what is
+    # committed.
     last_seq = models.PositiveBigIntegerField(default=0, editable=False)
 
     class Meta:
@@ -155,27 +146,3 @@ class Membership(models.Model):
         # and a user in another tenant's channel would hear its presence and messages.
         if self.user_id and self.channel_id and self.user.environment_id != self.channel.environment_id:
             raise ValidationError("The user and the channel belong to different environments.")
-
-
-class Message(models.Model):
-    """A chat message: `seq` numbers a channel's messages 1, 2, 3… with no gap."""
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="messages")
-    author = models.ForeignKey(User, on_delete=models.CASCADE, related_name="messages")
-    seq = models.PositiveBigIntegerField()
-    # The client's key for this send: a resend with the same key answers the same ack.
-    idem_key = models.CharField(max_length=128)
-    text = models.TextField()
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["channel", "seq"]
-        constraints = [
-            # Also the (channel, seq) index that history and resume read through.
-            models.UniqueConstraint(fields=["channel", "seq"], name="message_seq_unique_per_channel"),
-            models.UniqueConstraint(fields=["channel", "author", "idem_key"], name="message_idem_key_unique"),
-        ]
-
-    def __str__(self) -> str:
-        return f"#{self.seq} in {self.channel_id}"

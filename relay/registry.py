@@ -8,16 +8,45 @@ nothing in the consumer needs editing (seed 000: "one family, one owning module"
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from relay.consumers import GatewayConsumer
-    from relay.models import User
+from relay.models import User
 
-FrameHandler = Callable[["GatewayConsumer", Any], Awaitable[None]]
-EventHandler = Callable[["GatewayConsumer", dict], Awaitable[None]]
+
+class Connection(Protocol):
+    """What an app may use of a client connection (relay.consumers.GatewayConsumer is the one).
+
+    Once admitted: `connection_id`, `user` (the model), `environment_id`, `user_id` (the
+    tenant's id for the user), `channel_ids` (kept current by live membership changes),
+    `channel_name` (its channel-layer name), `query` (the connect's query string, without the
+    token), `loaded` (each extension's `load` result, until `opened` is done) and `state`, a
+    dict in which each app keeps its own per-connection data.
+    """
+
+    connection_id: str
+    user: User
+    environment_id: str
+    user_id: str
+    channel_ids: set[str]
+    channel_name: str
+    query: dict[str, list[str]]
+    loaded: dict["Extension", Any]
+    state: dict[str, Any]
+
+    async def send_frame(self, frame_type: str, payload: dict) -> None:
+        """Send one `{"type", "payload"}` frame."""
+
+    async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
+        """Send an `error` frame; the socket stays open."""
+
+    async def close(self, code: int | None = None) -> None:
+        """Close the socket with `code`."""
+
+
+FrameHandler = Callable[[Connection, Any], Awaitable[None]]
+EventHandler = Callable[[Connection, dict], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -46,7 +75,7 @@ class Extension:
 
     order: int = 100
 
-    def load(self, sessions: Sequence[tuple["User", frozenset[str]]]) -> Sequence[Any]:
+    def load(self, sessions: Sequence[tuple[User, frozenset[str]]]) -> Sequence[Any]:
         """Before admit, SYNC, inside the connects' shared database hop: read what the hooks need.
 
         `sessions` are the (user, channel ids) of every connect in the hop; return one result
@@ -67,19 +96,19 @@ class Extension:
         """
         return None
 
-    async def admit(self, conn: "GatewayConsumer") -> None:
+    async def admit(self, conn: Connection) -> None:
         """Before accept, the groups joined: check limits. Raise ConnectionRefused to refuse."""
 
-    async def opened(self, conn: "GatewayConsumer") -> None:
+    async def opened(self, conn: Connection) -> None:
         """After `connection.ack` was sent."""
 
-    async def closed(self, conn: "GatewayConsumer") -> None:
+    async def closed(self, conn: Connection) -> None:
         """After the socket closed, for a connection this extension admitted."""
 
-    async def channel_added(self, conn: "GatewayConsumer", channel_id: str) -> None:
+    async def channel_added(self, conn: Connection, channel_id: str) -> None:
         """The connection's user became a member of `channel_id`."""
 
-    async def channel_removed(self, conn: "GatewayConsumer", channel_id: str) -> None:
+    async def channel_removed(self, conn: Connection, channel_id: str) -> None:
         """The connection's user stopped being a member of `channel_id`."""
 
 

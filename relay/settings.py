@@ -31,7 +31,9 @@ INSTALLED_APPS = [
     "channels",
     "relay",
     "presence",
+    "chat",
     "agents",
+    "overview",
     "web",
 ]
 
@@ -98,22 +100,16 @@ RELAY_PRESENCE_REDIS_URL = check_redis_url(
     "RELAY_PRESENCE_REDIS_URL", env_str("RELAY_PRESENCE_REDIS_URL", RELAY_REDIS_URL)
 )
 
-CHANNEL_LAYER_BACKENDS = {
-    # One PUBLISH per group_send and one subscription per group per process: each
-    # instance fans out to its local sockets, the shape of seed 004's fabric. Relay's
-    # subclass adds one inbox per process and pipelined group sends (relay/layers.py).
-    "pubsub": "relay.layers.RelayPubSubChannelLayer",
-    # Kept selectable so the benchmark can compare the two in one run.
-    "core": "channels_redis.core.RedisChannelLayer",
-}
-RELAY_CHANNEL_LAYER = env_choice("RELAY_CHANNEL_LAYER", "pubsub", tuple(CHANNEL_LAYER_BACKENDS))
 
+def channel_layers_for(url: str) -> dict:
+    """Return the CHANNEL_LAYERS setting for a Redis at `url`.
 
-def channel_layers_for(url: str, backend: str = RELAY_CHANNEL_LAYER) -> dict:
-    """Return the CHANNEL_LAYERS setting for a Redis at `url`."""
+    One PUBLISH per group send and one subscription per group per process: each instance
+    fans out to its local sockets, the shape of seed 004's fabric (relay/layer.py).
+    """
     return {
         "default": {
-            "BACKEND": CHANNEL_LAYER_BACKENDS[backend],
+            "BACKEND": "relay.transport.pubsub.RelayPubSubChannelLayer",
             "CONFIG": {"hosts": [url], "prefix": "relay"},
         }
     }
@@ -199,4 +195,4 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 # `python manage.py test` runs the same pytest suite as `make test`.
-TEST_RUNNER = "relay.test_runner.PytestRunner"
+TEST_RUNNER = "devtools.test_runner.PytestRunner"

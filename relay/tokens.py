@@ -5,8 +5,6 @@ itself (claims `env`, `sub`, `iat`, `exp`) and a token can never open a session 
 another tenant: its signature only verifies against the secret of the `env` it names.
 """
 
-import binascii
-import functools
 import threading
 import time
 import uuid
@@ -14,13 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import jwt
 import orjson
-from jwt.algorithms import HMACAlgorithm
-from jwt.api_jws import _BASE64URL_ALPHABET, PyJWS
-from jwt.utils import base64url_decode, base64url_encode
+from django.utils import timezone
+from jwt.utils import base64url_decode
 
-from relay.connect_reads import user_by_external_id
 from relay.exceptions import InvalidToken
-from relay.models import Environment, User
+from relay.models import Environment, User, new_signing_secret
+from relay.queries import user_by_external_id
 
 ALGORITHM = "HS256"
 DEFAULT_TTL_SECONDS = 3600
@@ -32,77 +29,12 @@ _REQUIRED_CLAIMS = ["env", "sub", "iat", "exp"]
 # against a cached secret is checked once more against the database's).
 SECRET_CACHE_SECONDS = 10.0
 
-# Secrets whose key checks this process remembers: one per environment it serves at a time.
-PREPARED_SECRETS = 1024
-
 _environments: dict[uuid.UUID, tuple[float, Environment]] = {}
 _environments_lock = threading.Lock()
 
 
-class _HS256(HMACAlgorithm):
-    """HS256 that checks a secret once per process, not once per token.
-
-    On every encode and decode PyJWT checks that an HMAC secret is no asymmetric key (PEM, SSH,
-    DER, which has `cryptography` try to parse it twice) and no JWK JSON: ≈ 9 µs of a ≈ 40 µs
-    decode, on every connect (docs/performance.md). The answer for a secret never changes, so it
-    is remembered; a secret the checks refuse raises every time, as before, and is not remembered.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(HMACAlgorithm.SHA256)
-        self.prepared = functools.lru_cache(maxsize=PREPARED_SECRETS)(super().prepare_key)
-
-    def prepare_key(self, key: str | bytes) -> bytes:
-        return self.prepared(key)
-
-
-class _JWS(PyJWS):
-    """PyJWS whose check of a token's base64url segments runs in C, not one Python step a character.
-
-    PyJWT checks every character of each segment against the base64url alphabet in a generator
-    (GHSA-hxm8-2xgr-2p9m: junk that Python's lenient decoder would drop). For a Relay token that
-    was ≈ 0.1 M of the ≈ 0.27 M instructions of a decode, on every connect (docs/performance.md).
-    This is the same check, step for step, with the alphabet test as one `bytes.translate`.
-    `test_tokens` holds it to PyJWT's own on every short segment and fails as soon as PyJWT's own
-    changes, so an upstream fix is never masked.
-    """
-
-    @staticmethod
-    def _decode_base64url_segment(segment: bytes, name: str) -> bytes:
-        stripped = segment.rstrip(b"=")
-        padding = len(segment) - len(stripped)
-        if (
-            padding > 2
-            or (padding and len(segment) % 4)
-            or len(stripped) % 4 == 1
-            or stripped.translate(None, _BASE64URL_ALPHABET)
-        ):
-            raise jwt.DecodeError(f"Invalid {name} padding")
-        try:
-            decoded = base64url_decode(stripped)
-        except (TypeError, binascii.Error) as error:
-            raise jwt.DecodeError(f"Invalid {name} padding") from error
-        # Canonical encodings only: unused low bits of the last character must be zero.
-        if base64url_encode(decoded) != stripped:
-            raise jwt.DecodeError(f"Invalid {name} padding")
-        return decoded
-
-
-def _codec() -> jwt.PyJWT:
-    """Relay's PyJWT, built once: its own JWS layer and HS256, and the claims every token must carry.
-
-    Options given once here rather than to each `decode`, which merges them on every call (≈ 6 µs).
-    PyJWT keeps an instance's JWS layer, and with it the algorithms, on `_jws` and offers no public
-    way to reach it: `test_tokens` fails if that stops holding.
-    """
-    codec = jwt.PyJWT(options={"require": _REQUIRED_CLAIMS})
-    codec._jws = _JWS(options=codec._jws.options)
-    codec._jws.unregister_algorithm(ALGORITHM)
-    codec._jws.register_algorithm(ALGORITHM, _HS256())
-    return codec
-
-
-_CODEC = _codec()
+# The claims every token must carry, given once rather than to each `decode`.
+_CODEC = jwt.PyJWT(options={"require": _REQUIRED_CLAIMS})
 
 
 def _environment(environment_id: uuid.UUID, *, fresh: bool = False) -> Environment | None:
@@ -121,10 +53,13 @@ def _environment(environment_id: uuid.UUID, *, fresh: bool = False) -> Environme
     return environment
 
 
-def forget_secret(environment_id: uuid.UUID) -> None:
-    """Drop this process's cached environment (its secret was rotated)."""
+def rotate_signing_secret(environment: Environment) -> None:
+    """Replace the environment's signing secret; tokens signed with the old one stop working."""
+    environment.signing_secret = new_signing_secret()
+    environment.secret_rotated_at = timezone.now()
+    environment.save(update_fields=["signing_secret", "secret_rotated_at"])
     with _environments_lock:
-        _environments.pop(environment_id, None)
+        _environments.pop(environment.id, None)
 
 
 def mint_token(
@@ -184,7 +119,7 @@ def _claimed_environment(token: str) -> uuid.UUID:
 
     Nothing read here is trusted until PyJWT has checked the signature, the algorithm and every
     claim. The payload is read directly rather than through a second, unverified `jwt.decode`,
-    which costs as much as the verified one (≈ 30 µs a connect, docs/performance.md).
+    which would cost as much as the verified one.
     """
     try:
         claims = orjson.loads(base64url_decode(token.split(".")[1]))

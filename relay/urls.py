@@ -1,27 +1,22 @@
-"""Admin, the /v1 API, health, metrics and the demo web client."""
+"""Admin, the /v1 API, health, metrics, and each app's routes."""
 
 from django.contrib import admin
 from django.urls import include, path
 
-from relay import api, dashboard
+from relay import api, health
 
 urlpatterns = [
-    # Before admin.site.urls, whose catch-all would otherwise answer it; admin_view
-    # makes it staff-only, like every admin page.
-    path(
-        "admin/environments/<uuid:environment_id>/presence/",
-        admin.site.admin_view(dashboard.environment_presence),
-        name="relay_environment_presence",
-    ),
+    # Admin pages of the apps come before admin.site.urls, whose catch-all would answer them.
+    path("", include("overview.urls")),
     path("admin/", admin.site.urls),
-    path("healthz", api.healthz),
-    path("readyz", api.readyz),
-    path("metrics", api.metrics),
+    path("healthz", health.healthz),
+    path("readyz", health.readyz),
+    path("metrics", health.metrics),
     path("v1/users", api.users),
     path("v1/channels", api.channels),
     path("v1/channels/<str:channel_id>/members/<path:user_id>", api.member),
-    path("v1/channels/<str:channel_id>/messages", api.channel_messages),
     path("v1/tokens", api.tokens),
+    path("", include("chat.urls")),
     path("", include("presence.urls")),
     path("", include("agents.urls")),
     path("", include("web.urls")),

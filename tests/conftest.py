@@ -19,7 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from django.test import Client
 
-from relay.embedded_redis import EmbeddedRedis
+from devtools.embedded_redis import EmbeddedRedis
 from relay.models import ApiKey, Channel, Environment, Membership, User
 from relay.settings import channel_layers_for
 from relay.tokens import mint_token

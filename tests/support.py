@@ -23,7 +23,7 @@ from urllib.parse import quote
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from relay.embedded_redis import free_port
+from devtools.embedded_redis import free_port
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

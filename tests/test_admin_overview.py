@@ -9,8 +9,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import Registration
+from devtools.embedded_redis import free_port
 from presence.store import connections_key, marker_key, presence_key
-from relay.embedded_redis import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +41,7 @@ def agents(acme):
 
 
 def presence_url(tenant) -> str:
-    return reverse("relay_environment_presence", args=[tenant.environment.pk])
+    return reverse("overview_environment_presence", args=[tenant.environment.pk])
 
 
 def test_the_presence_page_lists_who_is_online_and_the_agents_alive_state(staff, acme, online, agents):

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 
-from relay.devserver import welcome
+from devtools.devserver import welcome
 from relay.models import Environment
 
 pytestmark = pytest.mark.django_db

@@ -1,7 +1,6 @@
 """The foundation end to end: real Daphne processes, real sockets, one Redis and one database."""
 
 import contextlib
-import logging
 import socket
 import time
 
@@ -9,8 +8,7 @@ import pytest
 from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
-from relay.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
-from relay.serve import _lean_log_records, _quiet_autobahn_debug, daphne_arguments
+from relay.transport.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
 from tests.support import WsClient, http
 
 pytestmark = pytest.mark.live
@@ -55,7 +53,7 @@ def test_a_refused_client_slow_to_answer_the_close_is_waited_for(live_instances,
     """A browser busy loading the page answers Relay's 4401 late; the server must wait for it.
 
     autobahn's own wait is 1 s, after which it resets the connection, and a browser that has not
-    yet handled the close frame then reports 1006 and retries (relay/close_handshake.py). Both
+    yet handled the close frame then reports 1006 and retries (relay/transport/close_handshake.py). Both
     commands that serve Relay wait longer.
     """
     (instance,) = live_instances(1, server=server)
@@ -83,62 +81,3 @@ def test_a_refused_client_slow_to_answer_the_close_is_waited_for(live_instances,
 
 def test_a_peer_gets_ten_seconds_to_answer_a_close():
     assert CLOSE_HANDSHAKE_TIMEOUT_S == 10.0
-
-
-def test_daphne_runs_quiet_unless_a_verbosity_is_asked_for():
-    assert daphne_arguments(["-p", "8000", "relay.asgi:application"]) == [
-        "--verbosity",
-        "0",
-        "-p",
-        "8000",
-        "relay.asgi:application",
-    ]
-    assert daphne_arguments(["-v", "1", "relay.asgi:application"]) == ["-v", "1", "relay.asgi:application"]
-    assert daphne_arguments(["--verbosity=2", "x:app"]) == ["--verbosity=2", "x:app"]
-
-
-def test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows(monkeypatch):
-    for switch in ("logThreads", "logProcesses", "logMultiprocessing", "_srcfile"):
-        monkeypatch.setattr(logging, switch, getattr(logging, switch))
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger("relay.tests.lean")
-    logger.addHandler(handler)
-    monkeypatch.setattr(logger, "level", logging.INFO)
-    monkeypatch.setattr(logger, "propagate", False)
-    try:
-        logger.info("before")
-        _lean_log_records()
-        logger.info("after")
-    finally:
-        logger.removeHandler(handler)
-    before, after = records
-    assert (before.funcName, before.threadName) == (
-        "test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows",
-        "MainThread",
-    )
-    assert (after.funcName, after.threadName, after.processName) == ("(unknown function)", None, None)
-
-
-def test_relay_serve_skips_the_formatting_of_autobahn_debug_arguments(monkeypatch):
-    import autobahn.twisted.websocket
-    import autobahn.util
-    import autobahn.websocket.protocol
-
-    modules = (autobahn.websocket.protocol, autobahn.twisted.websocket)
-    for module in modules:
-        for name in ("hltype", "hlval"):
-            monkeypatch.setattr(module, name, getattr(module, name))
-    monkeypatch.setattr(autobahn.websocket.protocol, "pformat", autobahn.websocket.protocol.pformat)
-    monkeypatch.setattr(autobahn.util, "_HAS_CLICK", autobahn.util._HAS_CLICK)
-    method = daphne_arguments
-    # autobahn's own: the method's qualified name taken apart and put together again, as text.
-    built = autobahn.websocket.protocol.hltype(method)
-    assert isinstance(built, str) and "relay" in built and "daphne_arguments" in built
-    assert "42" in autobahn.twisted.websocket.hlval(42)
-    _quiet_autobahn_debug()
-    for module in modules:
-        assert module.hltype(method) is method
-        assert module.hlval(42, color="white", bold=True) == 42
-    assert "not formatted" in autobahn.websocket.protocol.pformat({"setting": 1})

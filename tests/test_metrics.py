@@ -13,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.actions import sweep_stale
 from agents.models import Registration
+from devtools.embedded_redis import free_port
 from presence import actions
 from presence.fabric import group_name
 from relay.asgi import application
-from relay.embedded_redis import free_port
-from tests.message_helpers import Socket, send_payload
+from tests.chat_helpers import Socket, send_payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

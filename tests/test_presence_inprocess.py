@@ -16,12 +16,12 @@ from channels.testing import WebsocketCommunicator
 from django.apps import apps
 from django.contrib.auth import get_user_model
 
-from presence import actions, delivery
+from devtools.embedded_redis import free_port
+from presence import actions
 from presence.actions import CLOSE_TOO_MANY_CONNECTIONS
 from presence.fabric import group_name, transition_message
 from presence.store import connections_key, presence_key
 from relay.asgi import application
-from relay.embedded_redis import free_port
 from relay.logging import event_fields
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -197,8 +197,6 @@ async def test_the_limit_closes_the_next_connection_4429_and_changes_nothing(acm
     assert await refused.closed() == CLOSE_TOO_MANY_CONNECTIONS
     assert refused.frames == []
     assert redis_client.zcard(connections_key(str(acme.environment.id), "tuan")) == 2
-    # The `online` the refused connection would have delivered to itself is expected no more.
-    assert delivery.fanout().own == {}
     # A slot frees when a connection closes.
     await first.close()
     third = await Socket.open(acme.token("tuan"))
@@ -212,7 +210,6 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
     linh = await Socket.open(acme.token("linh"))
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
     assert await linh.next_of("presence.snapshot") == {"online": []}
-    assert delivery.fanout().own == {}
     # The socket still works for everything else.
     await linh.communicator.send_to(text_data="not json")
     assert (await linh.next_of("error"))["code"] == "invalid_frame"
@@ -279,13 +276,13 @@ async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme
     linh = await Socket.open(acme.token("linh"))
     await linh.wait_changes(1)
     service = actions.service()
-    admission, refresh = service.store.admission, service.store.refresh
+    elect, refresh = service.store.elect, service.store.refresh
     asked, answer, elected = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-    async def admission_answered_late(*args, **kwargs):
+    async def election_answered_late(*args, **kwargs):
         asked.set()
         await answer.wait()
-        result = await admission(*args, **kwargs)
+        result = await elect(*args, **kwargs)
         elected.set()
         return result
 
@@ -295,7 +292,7 @@ async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme
         await elected.wait()  # ... then tuan's election, answered before the refresh is
         return reply
 
-    monkeypatch.setattr(service.store, "admission", admission_answered_late)
+    monkeypatch.setattr(service.store, "elect", election_answered_late)
     monkeypatch.setattr(service.store, "refresh", refresh_answered_after_the_election)
     opening = asyncio.ensure_future(Socket.open(acme.token("tuan")))
     await asked.wait()
@@ -409,15 +406,15 @@ def test_admin_users_show_who_is_online_from_one_mget_and_filter_on_it(acme, glo
 async def test_a_membership_removed_while_connecting_still_takes_effect(acme, monkeypatch):
     from relay import consumers, membership
 
-    read_session = consumers.open_session
+    read_connect_for_real = consumers.read_connect
     fleet, general = acme.channels["fleet"], acme.channels["general"]
 
     async def removed_right_after_the_read(token, extensions):
-        stale = await read_session(token, extensions)
+        stale = await read_connect_for_real(token, extensions)
         await database_sync_to_async(membership.remove_member)(fleet, stale.user)
         return stale
 
-    monkeypatch.setattr(consumers, "open_session", removed_right_after_the_read)
+    monkeypatch.setattr(consumers, "read_connect", removed_right_after_the_read)
     linh = await Socket.open(acme.token("linh"))
     # The ack still lists fleet (it was read before the removal) ...
     assert str(fleet.id) in (await linh.next_of("connection.ack"))["channels"]

@@ -21,10 +21,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
+from devtools.embedded_redis import EmbeddedRedis, free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
 from presence.store import DEADLINES, connections_key, marker_key, presence_key
-from relay.embedded_redis import EmbeddedRedis, free_port
 from relay.models import Channel, Membership
 from tests.conftest import Tenant
 from tests.support import Instance, WsClient, http

@@ -27,6 +27,12 @@ GLOBEX = str(uuid.uuid4())
 TIMINGS = Timings(grace=600, ttl=1000, refresh=200, margin=100, max_connections=3)
 
 
+async def admit(store: PresenceStore, environment_id: str, user_id: str, connection: str) -> tuple[bool, bool] | None:
+    """One connection's election, as (admitted, won); None when Redis did not answer."""
+    election = await store.elect(environment_id, user_id, connection)
+    return None if election is None else (election.admitted, election.won)
+
+
 @pytest.fixture
 async def stores(redis_url):
     """Two stores on the one Redis, as two instances would hold them."""
@@ -55,45 +61,45 @@ def test_a_member_names_one_tenants_user_and_splits_back():
 
 async def test_the_first_connection_wins_the_election_and_the_second_does_not(stores, redis_client):
     one, two = stores
-    assert await one.admit(ACME, "linh", "c1") == (True, True)
-    assert await two.admit(ACME, "linh", "c2") == (True, False)
+    assert await admit(one, ACME, "linh", "c1") == (True, True)
+    assert await admit(two, ACME, "linh", "c2") == (True, False)
     assert 0 < redis_client.pttl(presence_key(ACME, "linh")) <= TIMINGS.ttl
     assert redis_client.zcard(connections_key(ACME, "linh")) == 2
 
 
 async def test_the_same_user_id_in_two_tenants_is_two_elections(stores):
     one, _ = stores
-    assert await one.admit(ACME, "linh", "c1") == (True, True)
-    assert await one.admit(GLOBEX, "linh", "c2") == (True, True)
+    assert await admit(one, ACME, "linh", "c1") == (True, True)
+    assert await admit(one, GLOBEX, "linh", "c2") == (True, True)
 
 
 async def test_the_connection_limit_refuses_the_next_one_and_changes_nothing(stores, redis_client):
     one, two = stores
     for index in range(3):
-        assert (await (one if index % 2 else two).admit(ACME, "tuan", f"c{index}"))[0]
+        assert (await admit(one if index % 2 else two, ACME, "tuan", f"c{index}"))[0]
     before = redis_client.zrange(connections_key(ACME, "tuan"), 0, -1)
-    assert await one.admit(ACME, "tuan", "c3") == (False, False)
+    assert await admit(one, ACME, "tuan", "c3") == (False, False)
     assert redis_client.zrange(connections_key(ACME, "tuan"), 0, -1) == before
     # A slot freed by a close is taken by the next connection.
     await two.release(ACME, "tuan", "c0", last_local=False)
-    assert await one.admit(ACME, "tuan", "c3") == (True, False)
+    assert await admit(one, ACME, "tuan", "c3") == (True, False)
 
 
 async def test_a_dead_instances_slots_expire_after_the_ttl(redis_url):
     quick = PresenceStore(redis_url, Timings(grace=300, ttl=300, refresh=100, margin=50, max_connections=1))
     try:
-        assert (await quick.admit(ACME, "tuan", "c1"))[0]
-        assert await quick.admit(ACME, "tuan", "c2") == (False, False)
+        assert (await admit(quick, ACME, "tuan", "c1"))[0]
+        assert await admit(quick, ACME, "tuan", "c2") == (False, False)
         # Nobody refreshes c1 (its instance "died"): its entry expires with the TTL.
         await asyncio.sleep(0.45)
-        assert (await quick.admit(ACME, "tuan", "c2"))[0]
+        assert (await admit(quick, ACME, "tuan", "c2"))[0]
     finally:
         await quick.close()
 
 
 async def test_the_last_close_re_pins_the_key_to_the_grace(stores, redis_client):
     one, _ = stores
-    await one.admit(ACME, "linh", "c1")
+    await admit(one, ACME, "linh", "c1")
     assert redis_client.pttl(presence_key(ACME, "linh")) > TIMINGS.grace
     await one.release(ACME, "linh", "c1", last_local=True)
     assert 0 < redis_client.pttl(presence_key(ACME, "linh")) <= TIMINGS.grace
@@ -102,29 +108,29 @@ async def test_the_last_close_re_pins_the_key_to_the_grace(stores, redis_client)
 
 async def test_a_close_under_another_instances_connection_never_shortens_the_key(stores, redis_client):
     one, two = stores
-    await one.admit(ACME, "linh", "c1")
-    await two.admit(ACME, "linh", "c2")
+    await admit(one, ACME, "linh", "c1")
+    await admit(two, ACME, "linh", "c2")
     await one.release(ACME, "linh", "c1", last_local=True)
     assert redis_client.pttl(presence_key(ACME, "linh")) > TIMINGS.grace
 
 
 async def test_a_reconnect_onto_a_re_pinned_key_is_silent_and_restores_the_ttl(stores, redis_client):
     one, two = stores
-    await one.admit(ACME, "linh", "c1")
+    await admit(one, ACME, "linh", "c1")
     await one.release(ACME, "linh", "c1", last_local=True)
-    assert await two.admit(ACME, "linh", "c2") == (True, False)
+    assert await admit(two, ACME, "linh", "c2") == (True, False)
     assert redis_client.pttl(presence_key(ACME, "linh")) > TIMINGS.grace
 
 
 async def test_the_grace_check_elects_exactly_one_publisher_of_offline(stores, redis_client):
     one, two = stores
-    await one.admit(ACME, "linh", "c1")
+    await admit(one, ACME, "linh", "c1")
     assert await one.grace_check(ACME, "linh") == 0  # still online
     redis_client.delete(presence_key(ACME, "linh"))
     assert await one.grace_check(ACME, "linh") == 1
     assert await two.grace_check(ACME, "linh") == 2
     # The next online clears the marker, so the next departure elects again.
-    assert await two.admit(ACME, "linh", "c2") == (True, True)
+    assert await admit(two, ACME, "linh", "c2") == (True, True)
     assert not redis_client.exists(marker_key(ACME, "linh"))
 
 
@@ -149,18 +155,18 @@ async def listener(stores):
 async def test_the_election_publishes_what_it_is_given_only_when_it_is_won(stores, listener):
     one, two = stores
     online = [("fleet", b"linh online"), ("general", b"linh online")]
-    assert await one.admission(ACME, "linh", "c1", publish=online) is not None
+    assert await one.elect(ACME, "linh", "c1", publish=online) is not None
     assert await _heard(listener) == online
     # A second connection loses: Redis publishes nothing, and still reads the snapshot's keys.
-    admission = await two.admission(ACME, "linh", "c2", ["linh", "tuan"], publish=online)
-    assert (admission.admitted, admission.won, admission.online) == (True, False, ["linh"])
+    election = await two.elect(ACME, "linh", "c2", ["linh", "tuan"], publish=online)
+    assert (election.admitted, election.won, election.online) == (True, False, ["linh"])
     assert await _heard(listener) == []
 
 
 async def test_the_grace_check_publishes_what_it_is_given_only_when_it_is_won(stores, listener, redis_client):
     one, two = stores
     offline = [("fleet", b"linh offline")]
-    await one.admit(ACME, "linh", "c1")
+    await admit(one, ACME, "linh", "c1")
     assert await one.grace_check(ACME, "linh", offline) == 0
     assert await _heard(listener) == []
     redis_client.delete(presence_key(ACME, "linh"))
@@ -171,9 +177,9 @@ async def test_the_grace_check_publishes_what_it_is_given_only_when_it_is_won(st
 
 async def test_the_refresh_extends_keys_and_reports_a_vanished_one_once(stores, redis_client):
     one, two = stores
-    await one.admit(ACME, "linh", "c1")
-    await one.admit(ACME, "tuan", "c2")
-    await two.admit(ACME, "tuan", "c3")
+    await admit(one, ACME, "linh", "c1")
+    await admit(one, ACME, "tuan", "c2")
+    await admit(two, ACME, "tuan", "c3")
     redis_client.delete(presence_key(ACME, "linh"), connections_key(ACME, "linh"))
     redis_client.set(marker_key(ACME, "linh"), "1")
     vanished = await one.refresh([(member(ACME, "linh"), ["c1"]), (member(ACME, "tuan"), ["c2"])])
@@ -187,8 +193,8 @@ async def test_the_refresh_extends_keys_and_reports_a_vanished_one_once(stores, 
 
 async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, redis_client):
     one, two = stores
-    await one.admit(ACME, "linh", "c1")
-    await one.admit(ACME, "tuan", "c2")
+    await admit(one, ACME, "linh", "c1")
+    await admit(one, ACME, "tuan", "c2")
     # linh's instance died: the key is gone and the deadline is due. tuan is still held.
     redis_client.delete(presence_key(ACME, "linh"))
     redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0, member(ACME, "tuan"): 0})
@@ -201,7 +207,7 @@ async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, re
 
 async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(stores, redis_client):
     one, two = stores
-    await one.admit(ACME, "linh", "c1")
+    await admit(one, ACME, "linh", "c1")
     redis_client.delete(presence_key(ACME, "linh"))
     assert await one.grace_check(ACME, "linh") == 1
     redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
@@ -210,11 +216,11 @@ async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(store
 
 async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_without_a_second_online(stores, redis_client):
     one, two = stores
-    assert await one.admit(ACME, "linh", "c1") == (True, True)
+    assert await admit(one, ACME, "linh", "c1") == (True, True)
     # linh's instance died and her key expired; her deadline (not yet reaped) still stands.
     redis_client.delete(presence_key(ACME, "linh"))
-    admission = await two.admission(ACME, "linh", "c2")
-    assert (admission.admitted, admission.won, admission.unretracted) == (True, False, True)
+    election = await two.elect(ACME, "linh", "c2")
+    assert (election.admitted, election.won, election.unretracted) == (True, False, True)
     assert redis_client.exists(presence_key(ACME, "linh"))
     # She is held again, so the reaper finds her key and leaves her deadline for later.
     redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
@@ -226,8 +232,8 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
     assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
     # ... even after the marker of that `offline` expired with no reaper pass in between.
     redis_client.delete(marker_key(ACME, "linh"))
-    admission = await one.admission(ACME, "linh", "c3")
-    assert (admission.won, admission.unretracted) == (True, False)
+    election = await one.elect(ACME, "linh", "c3")
+    assert (election.won, election.unretracted) == (True, False)
 
 
 async def test_an_announcement_is_published_only_while_the_user_is_online(stores, redis_client):
@@ -238,7 +244,7 @@ async def test_an_announcement_is_published_only_while_the_user_is_online(stores
     listener.subscribe("announcements")
     assert listener.get_message(timeout=1)["type"] == "subscribe"
     assert announce(ACME, "linh", [("announcements", b"offline-linh")]) is False
-    await one.admit(ACME, "linh", "c1")
+    await admit(one, ACME, "linh", "c1")
     assert announce(ACME, "linh", [("announcements", b"online-linh")]) is True
     heard = [listener.get_message(timeout=1) for _ in range(2)]
     assert [m["data"] for m in heard if m] == ["online-linh"]
@@ -247,19 +253,19 @@ async def test_an_announcement_is_published_only_while_the_user_is_online(stores
 
 async def test_online_reads_the_keys_of_one_tenant_in_one_mget(stores):
     one, _ = stores
-    await one.admit(ACME, "linh", "c1")
-    await one.admit(GLOBEX, "zed", "c2")
+    await admit(one, ACME, "linh", "c1")
+    await admit(one, GLOBEX, "zed", "c2")
     assert await one.online(ACME, ["hermit", "linh", "zed"]) == ["linh"]
     assert await one.online(ACME, []) == []
 
 
 async def test_a_dead_store_answers_none_at_once_and_logs_each_failure(caplog):
-    from relay.embedded_redis import free_port
+    from devtools.embedded_redis import free_port
     from relay.logging import event_fields
 
     dead = PresenceStore(f"redis://127.0.0.1:{free_port()}/0", TIMINGS)
     try:
-        assert await dead.admit(ACME, "linh", "c1") is None
+        assert await admit(dead, ACME, "linh", "c1") is None
         assert await dead.reap() is None
     finally:
         await dead.close()
@@ -293,30 +299,30 @@ async def test_elections_made_together_go_to_redis_in_one_pipeline(stores, redis
     one, _ = stores
     sizes = _count_pipelines(one)
     users = [f"u{index}" for index in range(10)]
-    results = await asyncio.gather(*(one.admit(ACME, user, f"c-{user}") for user in users))
+    results = await asyncio.gather(*(admit(one, ACME, user, f"c-{user}") for user in users))
     assert results == [(True, True)] * 10
     assert sizes == [10]
     # Each is its own election: a second connection of u3 loses, alone, outside any pipeline.
-    assert await one.admit(ACME, "u3", "c-u3-again") == (True, False)
+    assert await admit(one, ACME, "u3", "c-u3-again") == (True, False)
     assert sizes == [10]
     assert all(redis_client.exists(presence_key(ACME, user)) for user in users)
 
 
 async def test_a_pipeline_after_redis_lost_its_scripts_still_runs_each_one(stores, redis_client):
     one, _ = stores
-    await one.admit(ACME, "warm", "c0")  # the scripts are loaded...
+    await admit(one, ACME, "warm", "c0")  # the scripts are loaded...
     redis_client.script_flush()  # ... and gone, as after a Redis restart
-    results = await asyncio.gather(*(one.admit(ACME, f"v{index}", f"c{index}") for index in range(3)))
+    results = await asyncio.gather(*(admit(one, ACME, f"v{index}", f"c{index}") for index in range(3)))
     assert results == [(True, True)] * 3
 
 
 async def test_a_dead_store_fails_each_election_of_a_batch_on_its_own(caplog):
-    from relay.embedded_redis import free_port
+    from devtools.embedded_redis import free_port
     from relay.logging import event_fields
 
     dead = PresenceStore(f"redis://127.0.0.1:{free_port()}/0", TIMINGS)
     try:
-        assert await asyncio.gather(*(dead.admit(ACME, f"w{index}", "c") for index in range(3))) == [None] * 3
+        assert await asyncio.gather(*(admit(dead, ACME, f"w{index}", "c") for index in range(3))) == [None] * 3
     finally:
         await dead.close()
     failures = [event_fields(r) for r in caplog.records if r.getMessage() == "presence.failed"]
@@ -348,19 +354,6 @@ def test_a_well_formed_transition_parses_and_anything_else_does_not():
         assert parse_transition(bad) is None
     assert subject_of(good) == f"presence.{channel}"
     assert subject_of({"channel": "nope"}) == "presence.unknown"
-
-
-def test_a_transition_sent_ahead_drops_exactly_its_copies():
-    dedup = Dedup()
-    assert dedup.drop_sent_ahead("t1") is False
-    assert dedup.drop_sent_ahead(None) is False  # a copy without an id is not "the one sent ahead"
-    dedup.sent_ahead("t1", copies=2)
-    assert dedup.drop_sent_ahead("t2") is False
-    assert [dedup.drop_sent_ahead("t1"), dedup.drop_sent_ahead("t1")] == [True, True]
-    # Both copies came: the id is forgotten, and nothing was written to the window for it.
-    assert dedup.drop_sent_ahead("t1") is False
-    assert dedup.drop_sent_ahead(None) is False
-    assert len(dedup) == 0
 
 
 def test_identical_copies_are_validated_once_and_a_different_value_or_type_again(monkeypatch):

@@ -5,7 +5,6 @@ The sign-in mints a connection token for any user of the `local` environment tha
 on, and answers 404 otherwise.
 """
 
-from django.conf import settings
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -14,9 +13,9 @@ from django.views.decorators.http import require_safe
 from relay.api import channel_json, endpoint, get_user, parse_body, user_json
 from relay.exceptions import ApiError
 from relay.frames import Identifier, StrictModel
-from relay.management.commands.setupdemo import DEFAULT_ENVIRONMENT
-from relay.models import Channel, Environment, User
+from relay.models import Channel, User
 from relay.tokens import mint_token
+from web.demo import demo_enabled, demo_environment
 
 # A working day: the page stops reconnecting on 4401, so a short token would sign
 # a demo out in the middle of a session.
@@ -41,16 +40,6 @@ CONTENT_SECURITY_POLICY = "; ".join(
 
 class DemoSessionBody(StrictModel):
     user: Identifier
-
-
-def demo_enabled() -> bool:
-    """Whether the passwordless demo sign-in is on (DEBUG or RELAY_DEMO)."""
-    return bool(settings.DEBUG or settings.RELAY_DEMO)
-
-
-def demo_environment() -> Environment | None:
-    """Return the `local` environment `setupdemo` creates, if it exists."""
-    return Environment.objects.filter(name=DEFAULT_ENVIRONMENT).first()
 
 
 @require_safe

@@ -1,0 +1,73 @@
+"""Storing a `message.send` with its channel's next seq, exactly once per idem_key.
+
+Synchronous: the socket side (`chat.handlers`) calls it through `database_sync_to_async`.
+"""
+
+import uuid
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from chat.exceptions import NotAMember
+from chat.models import Message
+from chat.queries import is_member, message_json
+from relay.models import Channel, User
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What a `message.send` produced: its ack, the stored message's payload, and whether it is new."""
+
+    ack: dict
+    message: dict
+    created: bool
+
+
+def _result(message: Message, *, created: bool) -> SendResult:
+    ack = {"idem_key": message.idem_key, "id": str(message.id), "channel": str(message.channel_id), "seq": message.seq}
+    return SendResult(ack=ack, message=message_json(message), created=created)
+
+
+def send_message(user: User, channel_id: str, idem_key: str, text: str) -> SendResult:
+    """Store a message with the channel's next seq, or return the one this idem_key already stored."""
+    if not is_member(user, channel_id):
+        raise NotAMember(channel_id)
+    existing = _sent_before(user, channel_id, idem_key)
+    if existing is not None:
+        return _result(existing, created=False)
+    try:
+        return _result(_insert(user, channel_id, idem_key, text), created=True)
+    except IntegrityError:
+        # Two sends of one idem_key raced past the lookup above. The loser's whole
+        # transaction rolled back, its seq bump included, so no seq was skipped.
+        existing = _sent_before(user, channel_id, idem_key)
+        if existing is None:
+            raise
+        return _result(existing, created=False)
+
+
+def _sent_before(user: User, channel_id: str, idem_key: str) -> Message | None:
+    return (
+        Message.objects.select_related("author")
+        .filter(channel_id=uuid.UUID(channel_id), author=user, idem_key=idem_key)
+        .first()
+    )
+
+
+def _insert(user: User, channel_id: str, idem_key: str, text: str) -> Message:
+    # The seq is allocated by the insert's own transaction, which is what keeps it
+    # gapless and strictly increasing under concurrent senders on several instances:
+    # - PostgreSQL: the UPDATE takes the channel row's lock until commit, so a second
+    #   sender's UPDATE waits, then increments the committed value. Commit order is
+    #   seq order, and a rolled-back insert rolls its increment back with it.
+    # - SQLite: settings use IMMEDIATE transactions, so the write lock is taken at
+    #   BEGIN and writers in every process run one after another (busy timeout).
+    # Reading `last_seq` back inside the transaction sees this transaction's own
+    # increment on both, and no one else's.
+    pk = uuid.UUID(channel_id)
+    with transaction.atomic():
+        if not Channel.objects.filter(pk=pk).update(last_seq=F("last_seq") + 1):
+            raise NotAMember(channel_id)
+        seq = Channel.objects.values_list("last_seq", flat=True).get(pk=pk)
+        return Message.objects.create(channel_id=pk, author=user, seq=seq, idem_key=idem_key, text=text)

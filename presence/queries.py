@@ -1,0 +1,69 @@
+"""Presence's reads of the database, in plain SQL: channels' members, for snapshots and announcements.
+
+A connect's snapshot needs the members of every channel of the user; read for a whole batch of
+connects at once (the connects' shared database hop, `PresenceExtension.load`), one query.
+"""
+
+import uuid
+from collections.abc import Collection
+
+from django.db import connection
+
+from relay.models import Channel, Membership, User
+from relay.queries import db_uuid, placeholders, uuid_text
+
+_USER = User._meta.db_table
+_MEMBERSHIP = Membership._meta.db_table
+_CHANNEL = Channel._meta.db_table
+
+
+def members_of_channels(channel_ids: Collection[str]) -> dict[str, tuple[str, set[str]]]:
+    """Each channel's environment id and its members' external ids; unknown channels are left out.
+
+    Read from the memberships of those channels (their index), never from the environments'
+    users: the planner would otherwise walk every user of a tenant.
+    """
+    if not channel_ids:
+        return {}
+    sql = (
+        f'SELECT m."channel_id", c."environment_id", u."external_id" FROM "{_MEMBERSHIP}" m '
+        f'JOIN "{_USER}" u ON u."id" = m."user_id" '
+        f'JOIN "{_CHANNEL}" c ON c."id" = m."channel_id" '
+        f'WHERE m."channel_id" IN ({placeholders(len(channel_ids))})'
+    )
+    # Keyed by the ids as the database returns them, converted once per channel and not once per
+    # member row: a channel of thousands would otherwise cost thousands of UUID conversions.
+    found: dict[object, tuple[object, set[str]]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [db_uuid(channel_id, cursor.db) for channel_id in channel_ids])
+        for channel_id, environment_id, external_id in cursor.fetchall():
+            entry = found.get(channel_id)
+            if entry is None:
+                entry = found[channel_id] = (environment_id, set())
+            entry[1].add(external_id)
+    return {
+        uuid_text(channel_id): (uuid_text(environment_id), members)
+        for channel_id, (environment_id, members) in found.items()
+    }
+
+
+def co_members_in(
+    members: dict[str, tuple[str, set[str]]], environment_id: uuid.UUID | str, channel_ids: Collection[str]
+) -> set[str]:
+    """The external ids of the environment's users in any of `channel_ids`, from `members_of_channels`.
+
+    A channel of another environment counts for nothing, so a foreign channel id can never list
+    another tenant's users.
+    """
+    environment = uuid_text(environment_id)
+    found: set[str] = set()
+    for channel_id in channel_ids:
+        entry = members.get(channel_id)
+        if entry is not None and entry[0] == environment:
+            found |= entry[1]
+    return found
+
+
+def co_member_external_ids(environment_id: uuid.UUID | str, channel_ids: Collection[str]) -> set[str]:
+    """The external ids of the environment's users who are members of any of `channel_ids`."""
+    return co_members_in(members_of_channels(channel_ids), environment_id, channel_ids)

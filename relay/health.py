@@ -1,0 +1,50 @@
+"""Operational endpoints: liveness, readiness and Prometheus metrics."""
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from relay.api import endpoint
+
+
+def ping(url: str, timeout: float = 0.5) -> str:
+    """Return "ok" when the Redis at `url` answers PING within `timeout`, else the error's name."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        client.ping()
+        return "ok"
+    except redis.RedisError as error:
+        return type(error).__name__
+    finally:
+        client.close()
+
+
+@endpoint("GET", authenticated=False)
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format for this instance."""
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+
+@endpoint("GET", authenticated=False)
+def healthz(request: HttpRequest) -> HttpResponse:
+    """200 while the process runs."""
+    return JsonResponse({"status": "ok"})
+
+
+@endpoint("GET", authenticated=False)
+def readyz(request: HttpRequest) -> HttpResponse:
+    """200 when the database and Redis answer, else 503 naming what did not."""
+    checks = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as error:
+        checks["database"] = type(error).__name__
+    checks["redis"] = ping(settings.RELAY_REDIS_URL)
+    if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
+        checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
+    ready = all(value == "ok" for value in checks.values())
+    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)

@@ -1,0 +1,12 @@
+"""Every change Relay makes to a third-party library's behaviour, fenced in one package.
+
+Each module names the upstream versions it was written against (requirements.txt pins those
+ranges), the upstream issue it relates to, and the guard test that fails as soon as upstream
+changes what it relies on (tests/test_transport_guards.py). Nothing outside this package
+reaches into another library's internals.
+
+- `pubsub`: channels-redis's pub/sub layer with one subscription per process, confirmed
+  subscriptions, a receive loop without a timer, and process-wide delivery hooks.
+- `hiredis`: redis-py's asyncio connections packing commands in C, as its blocking ones do.
+- `close_handshake`: Daphne's WebSocket factory waiting 10 s, not 1 s, for a peer's close.
+"""

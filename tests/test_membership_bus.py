@@ -1,0 +1,111 @@
+"""The membership bus: one subscription per process, and changes raced with a connect are never lost."""
+
+import asyncio
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+
+from relay import consumers, membership
+from relay.asgi import application
+
+
+async def _open(token: str) -> tuple[WebsocketCommunicator, dict]:
+    communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    ack = json.loads(await communicator.receive_from(timeout=5))
+    assert ack["type"] == "connection.ack"
+    return communicator, ack["payload"]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_again(acme, monkeypatch):
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    monkeypatch.setattr(membership, "RECENT_CHANGES", 2)
+    read_connect_for_real = consumers.read_connect
+    reads = []
+
+    async def busy_bus_meanwhile(token, extensions):
+        session = await read_connect_for_real(token, extensions)
+        reads.append("session")
+        # After the read: linh leaves fleet, then more changes than the bus remembers go by.
+        await database_sync_to_async(membership.remove_member)(fleet, session.user)
+        for _ in range(2):
+            await database_sync_to_async(membership.remove_member)(general, acme.users["tuan"])
+            await database_sync_to_async(membership.add_member)(general, acme.users["tuan"])
+        bus = membership.bus()
+        for _ in range(100):
+            if bus.seq >= 5:
+                break
+            await asyncio.sleep(0.02)
+        return session
+
+    monkeypatch.setattr(consumers, "read_connect", busy_bus_meanwhile)
+    read_channels = consumers.read_channel_ids
+
+    async def counted(user):
+        reads.append("channels")
+        return await read_channels(user)
+
+    monkeypatch.setattr(consumers, "read_channel_ids", counted)
+    linh, ack = await _open(acme.token("linh"))
+    assert reads == ["session", "channels"]
+    assert ack["channels"] == [str(general.id)]
+    await linh.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_replayed(acme, monkeypatch):
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    read_connect_for_real = consumers.read_connect
+
+    async def removed_after_the_read(token, extensions):
+        session = await read_connect_for_real(token, extensions)
+        await database_sync_to_async(membership.remove_member)(fleet, session.user)
+        bus = membership.bus()
+        for _ in range(100):
+            if bus.seq >= 1:
+                break
+            await asyncio.sleep(0.02)
+        return session
+
+    monkeypatch.setattr(consumers, "read_connect", removed_after_the_read)
+    linh, ack = await _open(acme.token("linh"))
+    # The read saw fleet; the removal that came after it is replayed, not lost.
+    assert sorted(ack["channels"]) == sorted([str(fleet.id), str(general.id)])
+    layer = get_channel_layer()
+    await layer.group_send(f"chat.{fleet.id}", {"type": "message.created", "message": {}})
+    await layer.group_send(
+        f"chat.{general.id}",
+        {
+            "type": "message.created",
+            "message": {
+                "id": "m",
+                "channel": str(general.id),
+                "seq": 1,
+                "user": "tuan",
+                "text": "t",
+                "created_at": "x",
+            },
+        },
+    )
+    created = []
+    while not created:
+        frame = json.loads(await linh.receive_from(timeout=5))
+        if frame["type"] == "message.created":
+            created.append(frame["payload"]["channel"])
+    assert created == [str(general.id)]
+    assert membership.bus().listeners  # linh is listening
+    await linh.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_closed_connection_stops_listening_on_the_bus(acme):
+    linh, _ = await _open(acme.token("linh"))
+    pk = acme.users["linh"].pk
+    assert pk in membership.bus().listeners
+    await linh.disconnect()
+    assert pk not in membership.bus().listeners

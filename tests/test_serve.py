@@ -1,0 +1,67 @@
+"""`python -m relay.serve`: Daphne's own command line, with a deep listen queue and a quiet access log."""
+
+import logging
+
+from relay.serve import LISTEN_BACKLOG, _lean_log_records, daphne_arguments
+
+
+def test_a_bind_and_port_become_daphnes_endpoint_with_a_deep_listen_queue():
+    assert LISTEN_BACKLOG == 1024
+    assert daphne_arguments(["-b", "0.0.0.0", "-p", "8001", "relay.asgi:application"]) == [
+        "-e",
+        "tcp:port=8001:interface=0.0.0.0:backlog=1024",
+        "--verbosity",
+        "0",
+        "relay.asgi:application",
+    ]
+    # Daphne's own defaults fill a missing half, and its own escaping keeps an IPv6 address whole.
+    assert daphne_arguments(["--port", "9", "x:app"])[:2] == ["-e", "tcp:port=9:interface=127.0.0.1:backlog=1024"]
+    assert daphne_arguments(["x:app"])[:2] == ["-e", "tcp:port=8000:interface=127.0.0.1:backlog=1024"]
+    assert daphne_arguments(["-b", "[::1]", "-p", "9", "x:app"])[1] == r"tcp:port=9:interface=\:\:1:backlog=1024"
+    assert daphne_arguments(["-u", "/run/relay.sock", "x:app"])[:2] == ["-e", "unix:/run/relay.sock:backlog=1024"]
+
+
+def test_endpoints_given_as_descriptions_are_the_callers_own():
+    assert daphne_arguments(["-e", "ssl:443:privateKey=k.pem", "x:app"]) == [
+        "-e",
+        "ssl:443:privateKey=k.pem",
+        "--verbosity",
+        "0",
+        "x:app",
+    ]
+
+
+def test_daphne_runs_quiet_unless_a_verbosity_is_asked_for():
+    assert daphne_arguments(["-p", "8000", "x:app"])[2:] == ["--verbosity", "0", "x:app"]
+    assert daphne_arguments(["-v", "1", "--access-log", "-", "x:app"])[2:] == [
+        "--verbosity",
+        "1",
+        "--access-log",
+        "-",
+        "x:app",
+    ]
+    assert daphne_arguments(["--verbosity=2", "x:app"])[2:4] == ["--verbosity", "2"]
+
+
+def test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows(monkeypatch):
+    for switch in ("logThreads", "logProcesses", "logMultiprocessing", "_srcfile"):
+        monkeypatch.setattr(logging, switch, getattr(logging, switch))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("relay.tests.lean")
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    monkeypatch.setattr(logger, "propagate", False)
+    try:
+        logger.info("before")
+        _lean_log_records()
+        logger.info("after")
+    finally:
+        logger.removeHandler(handler)
+    before, after = records
+    assert (before.funcName, before.threadName) == (
+        "test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows",
+        "MainThread",
+    )
+    assert (after.funcName, after.threadName, after.processName) == ("(unknown function)", None, None)

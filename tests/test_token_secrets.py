@@ -1,0 +1,78 @@
+"""Each process caches environments' signing secrets briefly; a rotation is never missed."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import jwt
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from relay import tokens
+from relay.exceptions import InvalidToken
+from relay.models import Environment
+from relay.tokens import verify_token
+
+ELSEWHERE = "a-secret-another-process-rotated-to-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _empty_secret_cache() -> None:
+    tokens._environments.clear()
+
+
+def _signed(environment: Environment, secret: str, user_id: str) -> str:
+    now = datetime.now(UTC)
+    claims = {"env": str(environment.id), "sub": user_id, "iat": now, "exp": now + timedelta(minutes=5)}
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def _environment_reads(queries: CaptureQueriesContext) -> int:
+    return sum('FROM "relay_environment"' in query["sql"] for query in queries.captured_queries)
+
+
+def test_the_secret_is_read_once_then_served_from_the_cache(acme):
+    with CaptureQueriesContext(connection) as first:
+        assert verify_token(acme.token("linh")).external_id == "linh"
+    with CaptureQueriesContext(connection) as second:
+        assert verify_token(acme.token("tuan")).external_id == "tuan"
+    assert _environment_reads(first) == 1
+    assert _environment_reads(second) == 0
+
+
+def test_a_rotation_in_this_process_refuses_the_old_secret_at_once(acme):
+    before = acme.token("linh")
+    assert verify_token(before).external_id == "linh"  # cached now
+    tokens.rotate_signing_secret(acme.environment)
+    with pytest.raises(InvalidToken):
+        verify_token(before)
+    assert verify_token(acme.token("linh")).external_id == "linh"
+
+
+def test_a_secret_rotated_by_another_process_is_accepted_at_once(acme):
+    old = acme.environment.signing_secret
+    assert verify_token(_signed(acme.environment, old, "linh")).external_id == "linh"  # cached now
+    # Another process rotates: the row changes, this process's cache is not told.
+    Environment.objects.filter(id=acme.environment.id).update(signing_secret=ELSEWHERE)
+    assert verify_token(_signed(acme.environment, ELSEWHERE, "linh")).external_id == "linh"
+    # The fresh read replaced the cached secret, so the old one is refused from then on.
+    with pytest.raises(InvalidToken):
+        verify_token(_signed(acme.environment, old, "linh"))
+
+
+def test_a_cached_secret_expires(acme, monkeypatch):
+    old = acme.environment.signing_secret
+    monkeypatch.setattr(tokens, "SECRET_CACHE_SECONDS", 0.0)
+    assert verify_token(_signed(acme.environment, old, "linh")).external_id == "linh"
+    Environment.objects.filter(id=acme.environment.id).update(signing_secret=ELSEWHERE)
+    # Expired at once: the old token is checked against the database's secret and refused.
+    with pytest.raises(InvalidToken):
+        verify_token(_signed(acme.environment, old, "linh"))
+
+
+def test_unknown_environments_are_not_cached(acme):
+    stranger = Environment(id=uuid.uuid4(), name="never saved")
+    with pytest.raises(InvalidToken):
+        verify_token(_signed(stranger, ELSEWHERE, "linh"))
+    assert verify_token(acme.token("linh")).external_id == "linh"
+    assert set(tokens._environments) == {acme.environment.id}

@@ -1,11 +1,14 @@
 """Guards of the patches in relay/transport: each fails as soon as upstream changes what a patch relies on."""
 
+import inspect
 import uuid
+from importlib.metadata import version
 
 import pytest
 import redis
 
 from presence.store import PresenceStore, Timings
+from relay.transport.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
 from relay.transport.hiredis import pack_with_hiredis
 from relay.transport.pubsub import RelayPubSubChannelLayer
 
@@ -67,3 +70,59 @@ async def test_the_layer_and_the_presence_store_pack_with_hiredis_against_the_re
     finally:
         await layer.flush()
         await store.close()
+
+
+# ── versions: each patch names the upstream range it was written for ─────────
+def _version(distribution: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version(distribution).split(".")[:2])
+
+
+@pytest.mark.parametrize(
+    "distribution, lowest, beyond",
+    [
+        ("channels-redis", (4, 3), (4, 4)),  # relay/transport/pubsub.py
+        ("redis", (5, 0), (7, 0)),  # relay/transport/hiredis.py
+        ("daphne", (4, 1), (4, 3)),  # relay/transport/close_handshake.py
+        ("autobahn", (26, 1), (27, 0)),  # relay/transport/close_handshake.py
+    ],
+)
+def test_each_patched_library_is_a_version_its_patch_was_written_for(distribution, lowest, beyond):
+    assert lowest <= _version(distribution) < beyond, (
+        f"{distribution} {version(distribution)} is outside the range relay/transport was written for: "
+        "check the patch against it, then widen the range here and in requirements.txt"
+    )
+
+
+# ── the pub/sub layer: what it overrides and reads of channels-redis ──────────
+def test_channels_redis_still_has_what_the_layer_overrides_and_reads():
+    from channels_redis import pubsub
+
+    shard = pubsub.RedisSingleShardConnection({"address": "redis://127.0.0.1:1/0"}, object())
+    # Overridden: the receive loop, the message routing, (un)subscribe and publish.
+    for name in ("_do_receiving", "_receive_message", "_ensure_redis", "_ensure_receiver", "subscribe", "publish"):
+        assert callable(getattr(pubsub.RedisSingleShardConnection, name)), name
+    # Read: the shard's state, set in its constructor.
+    for name in ("host", "channel_layer", "_lock", "_subscribed_to", "_redis", "_pubsub", "_receive_task"):
+        assert hasattr(shard, name), name
+    loop_layer = pubsub.RedisPubSubLoopLayer(hosts=["redis://127.0.0.1:1/0"], prefix="relay")
+    for name in ("_get_shard", "_get_group_channel_name", "_shards", "channels", "groups", "prefix"):
+        assert hasattr(loop_layer, name), name
+    assert loop_layer._get_group_channel_name("g") == "relay__group__g"
+    assert "_layers" in vars(pubsub.RedisPubSubChannelLayer(hosts=["redis://127.0.0.1:1/0"]))
+
+
+# ── the close handshake: Daphne still leaves autobahn's close timeout alone ───
+def test_daphne_builds_its_websocket_factory_without_a_close_timeout_of_its_own():
+    import daphne.server  # already imported with Django's apps: the `daphne` app is installed
+    from autobahn.websocket.protocol import WebSocketServerFactory
+    from daphne.ws_protocol import WebSocketFactory
+
+    # The patch wraps the factory's constructor; Daphne's own options, set after it, must not
+    # name the close timeout (or Daphne has an option now, and the patch should go).
+    assert issubclass(WebSocketFactory, WebSocketServerFactory)
+    source = inspect.getsource(daphne.server.Server.run)
+    assert "WebSocketFactory(" in source and "setProtocolOptions(" in source
+    assert "closeHandshakeTimeout" not in source
+    factory = WebSocketServerFactory()
+    factory.setProtocolOptions(closeHandshakeTimeout=CLOSE_HANDSHAKE_TIMEOUT_S)
+    assert factory.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S

@@ -1,0 +1,101 @@
+"""The import graph: the core imports no app, and no module imports itself round a loop.
+
+Read from the source (every `import`, at any depth, TYPE_CHECKING blocks included), so a
+cycle cannot hide behind a function-level import either.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+PACKAGES = ("relay", "presence", "chat", "agents", "overview", "web", "devtools", "bench")
+APPS = ("presence", "chat", "agents", "overview", "web", "devtools", "bench")
+# Where the project is assembled: these name the apps by design.
+ASSEMBLY = {"relay.settings", "relay.urls", "relay.asgi"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(BASE_DIR).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The project modules `path` imports (a `from package import name` counts the submodule when it is one)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every project module and the project modules it imports."""
+    paths = [path for package in PACKAGES for path in (BASE_DIR / package).rglob("*.py")]
+    modules = {_module_name(path) for path in paths}
+    graph = {_module_name(path): _imports(path, modules) for path in paths}
+    # A package's __init__ is imported on the way to each submodule: that is no arrow of its own.
+    return {
+        module: {target for target in targets if not module.startswith(f"{target}.")}
+        for module, targets in graph.items()
+    }
+
+
+def test_the_core_imports_no_app():
+    graph = import_graph()
+    reaching_out = {
+        module: sorted(target for target in targets if target.split(".")[0] in APPS)
+        for module, targets in graph.items()
+        if module.split(".")[0] == "relay" and module not in ASSEMBLY
+    }
+    assert {module: targets for module, targets in reaching_out.items() if targets} == {}
+    # The walk does see imports across packages: the apps import the core.
+    assert {"relay.registry", "relay.layer"} <= graph["chat.handlers"]
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules round it, or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        state[module] = 2
+        path.pop()
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_no_module_imports_itself_round_a_loop():
+    assert _cycle(import_graph()) is None
+
+
+@pytest.mark.parametrize(
+    "graph, cycle",
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ],
+)
+def test_the_cycle_search_finds_a_loop_and_only_a_loop(graph, cycle):
+    assert _cycle(graph) == cycle

@@ -75,10 +75,10 @@ class Extension:
 
     order: int = 100
 
-    def load(self, sessions: Sequence[tuple[User, frozenset[str]]]) -> Sequence[Any]:
+    def load(self, connects: Sequence[tuple[User, frozenset[str]]]) -> Sequence[Any]:
         """Before admit, SYNC, inside the connects' shared database hop: read what the hooks need.
 
-        `sessions` are the (user, channel ids) of every connect in the hop; return one result
+        `connects` are the (user, channel ids) of every connect in the hop; return one result
         for each, in order (read them together: one query for the batch, not one per connect).
         A result is `conn.loaded[self]` during `admit` and `opened` (dropped after, so an idle
         connection does not keep it). Left alone, the extension costs the hop nothing.

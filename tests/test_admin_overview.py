@@ -1,4 +1,4 @@
-"""The staff overview: a Presence page per environment and counts on the admin index (issue 7)."""
+"""The staff overview: a Presence page per environment and counts on the admin index."""
 
 from datetime import timedelta
 

@@ -1,4 +1,4 @@
-"""The demo client in a real browser: two people, two browser contexts, live Daphne (issue 7, item 2).
+"""The demo client in a real browser: two people, two browser contexts, live Daphne.
 
 Who is who: the `local` environment `make run` creates. Linh and Tuan share "fleet"
 and "general". Each signs in through the demo sign-in in their own browser context

@@ -1,4 +1,4 @@
-"""A welcoming `make run` (issue 7, item 5): first-run data, the demo superuser, the URLs printed."""
+"""A welcoming `make run`: first-run data, the demo superuser, the URLs printed."""
 
 import json
 from io import StringIO

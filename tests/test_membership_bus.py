@@ -29,10 +29,10 @@ async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_aga
     reads = []
 
     async def busy_bus_meanwhile(token, extensions):
-        session = await read_connect_for_real(token, extensions)
-        reads.append("session")
+        read = await read_connect_for_real(token, extensions)
+        reads.append("connect")
         # After the read: linh leaves fleet, then more changes than the bus remembers go by.
-        await database_sync_to_async(membership.remove_member)(fleet, session.user)
+        await database_sync_to_async(membership.remove_member)(fleet, read.user)
         for _ in range(2):
             await database_sync_to_async(membership.remove_member)(general, acme.users["tuan"])
             await database_sync_to_async(membership.add_member)(general, acme.users["tuan"])
@@ -41,7 +41,7 @@ async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_aga
             if bus.seq >= 5:
                 break
             await asyncio.sleep(0.02)
-        return session
+        return read
 
     monkeypatch.setattr(consumers, "read_connect", busy_bus_meanwhile)
     read_channels = consumers.read_channel_ids
@@ -52,7 +52,7 @@ async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_aga
 
     monkeypatch.setattr(consumers, "read_channel_ids", counted)
     linh, ack = await _open(acme.token("linh"))
-    assert reads == ["session", "channels"]
+    assert reads == ["connect", "channels"]
     assert ack["channels"] == [str(general.id)]
     await linh.disconnect()
 
@@ -63,14 +63,14 @@ async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_re
     read_connect_for_real = consumers.read_connect
 
     async def removed_after_the_read(token, extensions):
-        session = await read_connect_for_real(token, extensions)
-        await database_sync_to_async(membership.remove_member)(fleet, session.user)
+        read = await read_connect_for_real(token, extensions)
+        await database_sync_to_async(membership.remove_member)(fleet, read.user)
         bus = membership.bus()
         for _ in range(100):
             if bus.seq >= 1:
                 break
             await asyncio.sleep(0.02)
-        return session
+        return read
 
     monkeypatch.setattr(consumers, "read_connect", removed_after_the_read)
     linh, ack = await _open(acme.token("linh"))

@@ -1,4 +1,4 @@
-"""/metrics: every family issue 7 names is scraped, and moves when its event happens."""
+"""/metrics: every family Relay exports is scraped, and moves when its event happens."""
 
 import uuid
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""The demo web client: the page, its static files and the dev-only sign-in (issue 7, item 1).
+"""The demo web client: the page, its static files and the dev-only sign-in.
 
 Who is who: `setupdemo` creates the `local` environment with linh, tuan, mai and an;
 linh is in "fleet" (linh, tuan) and "general" (everyone), not in "ops" (mai, an).

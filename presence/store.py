@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
-import redis.asyncio as aioredis
 from django.conf import settings
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
@@ -33,7 +32,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from relay import metrics
+from relay import metrics, redis_clients
 from relay.batching import GroupCommit
 from relay.logging import log_event
 from relay.transport.hiredis import pack_with_hiredis
@@ -328,7 +327,7 @@ class PresenceStore:
         self.timings = timings
         # retries=0: redis-py retries three times with backoff by default, which turns a dead
         # store into a stall on every call instead of one quick, logged failure.
-        self.client = aioredis.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
+        self.client = redis_clients.async_client(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
         pack_with_hiredis(self.client.connection_pool)
         self._admit = self.client.register_script(ADMIT)
         self._release = self.client.register_script(RELEASE)
@@ -485,7 +484,7 @@ def sync_client() -> redis.Redis:
     url = settings.RELAY_PRESENCE_REDIS_URL
     client = _sync_clients.get(url)
     if client is None:
-        client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **_client_options())
+        client = redis_clients.sync_client(url, retry=Retry(NoBackoff(), 0), **_client_options())
         _sync_clients[url] = client
     return client
 

@@ -7,11 +7,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from relay.api import endpoint
+from relay.redis_clients import sync_client
 
 
 def ping(url: str, timeout: float = 0.5) -> str:
     """Return "ok" when the Redis at `url` answers PING within `timeout`, else the error's name."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         client.ping()
         return "ok"

@@ -6,7 +6,6 @@ belongs to the app that registered it in `relay.registry`.
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 import weakref
@@ -27,7 +26,7 @@ from relay import membership, metrics, registry
 from relay.batching import GroupCommit
 from relay.connect_reads import channel_ids_of_user, channel_ids_of_users, users_by_external_id
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
-from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
+from relay.frames import Envelope, describe_validation_error
 from relay.layers import group_add_many, group_discard_many
 from relay.logging import log_event
 from relay.models import Environment, User
@@ -40,7 +39,6 @@ CLOSE_UNAUTHORIZED = 4401
 # following ASGI 2.4 an OSError.
 SOCKET_GONE = (Disconnected, OSError)
 CLOSE_TOO_MANY_CONNECTIONS = 4429
-CLOSE_TOO_BIG = 1009
 
 
 def log_hook_failure(hook: str, error: Exception) -> None:
@@ -247,41 +245,52 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # ── frames from the client ───────────────────────────────────────────────
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if bytes_data is not None:
-            await self.send_error("invalid_frame", "frames are JSON text messages, not binary")
-            return
-        if len(text_data) > MAX_FRAME_BYTES:
-            await self.close(code=CLOSE_TOO_BIG)
-            return
+        """One client frame, read and handed to the app that owns its type. Nothing it raises ends the connection.
+
+        The size is Daphne's to enforce (1 MiB of bytes per message and per frame, closed 1009
+        before the frame is buffered), so a frame that gets here is within it.
+        """
+        frame_type = None
         try:
-            data = json.loads(text_data)
-        except json.JSONDecodeError:
-            await self.send_error("invalid_frame", "frame is not valid JSON")
-            return
+            route, frame_type, payload = self._read(text_data)
+            await route.handler(self, payload)
+        except FrameError as error:
+            await self.send_error(error.code, error.message, error.frame_type or frame_type)
+        except Exception as error:
+            # One line, by type only: an exception's text may quote what the client sent. The
+            # traceback, which may too, only where DEBUG is on.
+            log_event(logger, "frame.failed", logging.ERROR, type=frame_type, error=type(error).__name__)
+            logger.debug("frame.failed: traceback", exc_info=error)
+            await self.send_error("internal", "the server failed to handle this frame", frame_type)
+
+    def _read(self, text_data: str | None) -> tuple[registry.FrameRoute, str, Any]:
+        """The route, type and validated payload of a frame; FrameError (`invalid_frame`...) when it is malformed."""
+        if text_data is None:
+            raise FrameError("invalid_frame", "frames are JSON text messages, not binary")
+        try:
+            # orjson, not json: strict JSON (no NaN or Infinity), nesting cut at 1,024 levels, no lone
+            # surrogates, no integer of thousands of digits. json.loads let each through, or raised
+            # something other than a decode error for it, and a frame could end the connection.
+            data = orjson.loads(text_data)
+        except orjson.JSONDecodeError:
+            raise FrameError("invalid_frame", "frame is not valid JSON") from None
         try:
             envelope = Envelope.model_validate(data)
         except ValidationError as error:
             # A payload that is not an object still names a type the client can match its error to.
             known = data.get("type") if isinstance(data, dict) else None
-            await self.send_error(
-                "invalid_frame", describe_validation_error(error), known if known in registry.frames else None
-            )
-            return
+            named = known if isinstance(known, str) and known in registry.frames else None
+            raise FrameError("invalid_frame", describe_validation_error(error), named) from None
         route = registry.frames.get(envelope.type)
         # Only registered types become label values, so a client cannot grow the series.
         metrics.FRAMES_IN.labels(type=envelope.type if route else "unknown").inc()
         if route is None:
-            await self.send_error("invalid_frame", f"unknown frame type {envelope.type!r}", envelope.type)
-            return
+            raise FrameError("invalid_frame", f"unknown frame type {envelope.type!r}", envelope.type)
         try:
             payload = route.schema.model_validate(envelope.payload)
         except ValidationError as error:
-            await self.send_error(route.error_code, describe_validation_error(error), envelope.type)
-            return
-        try:
-            await route.handler(self, payload)
-        except FrameError as error:
-            await self.send_error(error.code, error.message, envelope.type)
+            raise FrameError(route.error_code, describe_validation_error(error), envelope.type) from None
+        return route, envelope.type, payload
 
     # ── events from the channel layer ────────────────────────────────────────
     async def dispatch(self, message: dict) -> None:

@@ -202,6 +202,10 @@ class PresenceService:
 
     async def disconnect(self, conn: "GatewayConsumer") -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
+        if self.closed:
+            # The instance is shutting down: `close` frees every slot it holds at once and leaves the
+            # keys to expire, so a surviving instance decides each user's `offline`.
+            return
         subject = (conn.environment_id, conn.user_id)
         last_local = self._forget(subject, conn.connection_id)
         # The channels at the close, and the bus position they are current at: changes after it

@@ -130,6 +130,10 @@ async def open_session(token: str | None, extensions: list[registry.Extension]) 
     return await reads.submit((token, extensions))
 
 
+# Releases in flight (GatewayConsumer._end), held so a shielded task is not collected mid-way.
+_releases: set[asyncio.Future] = set()
+
+
 @database_sync_to_async
 def channels_of(user: User) -> set[str]:
     """Return the ids of the channels `user` belongs to."""
@@ -143,6 +147,23 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     id for the user), `channel_ids` (kept current by live membership changes) and
     `state`, a dict in which each app keeps its own per-connection data.
     """
+
+    # Until `connect` sets them: a consumer can end before it ever connected (see `__call__`).
+    user: User | None = None
+    admitted: list[registry.Extension] = []  # never appended to: connect gives each connection its own
+    is_open = False
+    ended = False
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        """Run the connection; however it ends, `_end` releases it, once."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Every way out passes here: the socket closed (the release then already ran), an
+            # exception escaping a handler (Daphne closes the socket 1011), Daphne cancelling the
+            # application `application_close_timeout` after its client left (a handler still waiting
+            # on the database, say), or the instance shutting down.
+            await self._end()
 
     async def connect(self) -> None:
         self.connection_id = uuid.uuid4().hex
@@ -186,9 +207,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 self.admitted.append(ext)
         except ConnectionRefused as refusal:
             metrics.REFUSED.labels(code=str(refusal.code)).inc()
-            await self._leave_groups()
-            await self._release()
-            self.bus.forget(self.user.pk, self.channel_name)
+            await self._end()
             await self.accept()
             await self.close(code=refusal.code)
             return
@@ -206,15 +225,28 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         # The loads served admit and opened; kept, they would cost every idle connection their size.
         self.loaded = {}
 
-    async def disconnect(self, code: int) -> None:
-        if not self.is_open:
+    async def _end(self) -> None:
+        """Release the connection, the first time only: its groups, its bus listener, every app's `closed`."""
+        if self.ended:
             return
-        self.bus.forget(self.user.pk, self.channel_name)
-        await self._leave_groups()
+        self.ended = True
+        task = asyncio.ensure_future(self._release_all())
+        # Shielded, and held until done: Daphne cancels an application again every second until it
+        # has finished, and a release cut short would leave the user online and holding a slot.
+        _releases.add(task)
+        task.add_done_callback(_releases.discard)
+        await asyncio.shield(task)
+
+    async def _release_all(self) -> None:
+        if self.user is not None:
+            self.bus.forget(self.user.pk, self.channel_name)
+            await self._leave_groups()
         await self._release()
-        metrics.CLOSES.inc()
-        metrics.CONNECTIONS_OPEN.dec()
-        log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
+        if self.is_open:
+            self.is_open = False
+            metrics.CLOSES.inc()
+            metrics.CONNECTIONS_OPEN.dec()
+            log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
 
     def _groups(self, channel_ids: Iterable[str]) -> list[str]:
         """Every extension's group of each of `channel_ids`."""
@@ -322,8 +354,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await method(message)
 
     async def websocket_disconnect(self, message: dict) -> None:
-        """The socket closed: Channels' own handler minus its close_old_connections() hop (see dispatch)."""
-        await self.disconnect(message["code"])
+        """The socket closed: the consumer stops, and `__call__` releases it."""
         raise StopConsumer()
 
     async def membership_changed(self, event: dict) -> None:

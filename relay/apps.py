@@ -10,6 +10,8 @@ class RelayConfig(AppConfig):
         # membership connects the receivers that carry every membership change to live connections.
         from relay import chat, membership  # noqa: F401
         from relay.close_handshake import install
+        from relay.transport import fail_by_close
 
         # Before Daphne builds its WebSocket factory, when this process is Daphne.
         install()
+        fail_by_close.install()

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from relay import membership, metrics, registry
 from relay.batching import GroupCommit
 from relay.connect_reads import channel_ids_of_user, channel_ids_of_users, users_by_external_id
-from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
+from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
 from relay.frames import Envelope, describe_validation_error
 from relay.layers import group_add_many, group_discard_many
 from relay.logging import log_event
@@ -39,6 +39,8 @@ CLOSE_UNAUTHORIZED = 4401
 # following ASGI 2.4 an OSError.
 SOCKET_GONE = (Disconnected, OSError)
 CLOSE_TOO_MANY_CONNECTIONS = 4429
+# The client read too slowly: its unsent output passed RELAY_MAX_PENDING_BYTES (relay/transport/pending_output.py).
+CLOSE_SLOW_READER = 4008
 
 
 def log_hook_failure(hook: str, error: Exception) -> None:
@@ -153,6 +155,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     admitted: list[registry.Extension] = []  # never appended to: connect gives each connection its own
     is_open = False
     ended = False
+    # Cut loose for reading too slowly: nothing more is sent to it.
+    slow = False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """Run the connection; however it ends, `_end` releases it, once."""
@@ -376,15 +380,35 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # ── sending ──────────────────────────────────────────────────────────────
     async def send_frame(self, frame_type: str, payload: dict) -> None:
-        """Send one `{"type", "payload"}` frame."""
+        """Send one `{"type", "payload"}` frame; dropped once the connection is cut loose as a slow reader."""
+        if self.slow:
+            return
         metrics.frames_out(frame_type).inc()
-        # The client may have closed while this frame was on its way (under load, a transition can
-        # be dispatched before the websocket.disconnect queued behind it). Escaping, the error
-        # would end the consumer without running disconnect(): no release, and the user would
-        # stay online until the reaper. The disconnect that follows cleans up as usual.
+        try:
+            # The client may have closed while this frame was on its way (under load, a transition
+            # can be dispatched before the websocket.disconnect queued behind it): the frame is
+            # dropped, and the disconnect that follows ends the consumer as usual.
+            with contextlib.suppress(*SOCKET_GONE):
+                # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
+                await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
+        except OutputBacklogFull as full:
+            await self._cut_loose(full.pending_bytes)
+
+    async def _cut_loose(self, pending_bytes: int) -> None:
+        # Closed rather than left to catch up: its backlog is memory the instance holds for it
+        # alone, and frames dropped from it would be a gap the client could not see. It follows
+        # the normal path from here: the close ends the consumer, and the grace check decides.
+        self.slow = True
+        log_event(
+            logger,
+            "connection.slow",
+            logging.WARNING,
+            connection_id=self.connection_id,
+            user=self.user_id,
+            pending_bytes=pending_bytes,
+        )
         with contextlib.suppress(*SOCKET_GONE):
-            # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
-            await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
+            await self.close(code=CLOSE_SLOW_READER)
 
     async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
         """Send an `error` frame; the socket stays open."""

@@ -40,3 +40,11 @@ class NotAMember(Exception):
     def __init__(self, channel_id: str) -> None:
         super().__init__(channel_id)
         self.channel_id = channel_id
+
+
+class OutputBacklogFull(Exception):
+    """A connection's unsent output would pass RELAY_MAX_PENDING_BYTES; `pending_bytes` is what it holds."""
+
+    def __init__(self, pending_bytes: int) -> None:
+        super().__init__(pending_bytes)
+        self.pending_bytes = pending_bytes

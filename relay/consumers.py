@@ -163,8 +163,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            # Every way out passes here: the socket closed (the release then already ran), an
-            # exception escaping a handler (Daphne closes the socket 1011), Daphne cancelling the
+            # Every way out passes here: the socket closed (websocket_disconnect stops the consumer),
+            # an exception escaping a handler (Daphne closes the socket 1011), Daphne cancelling the
             # application `application_close_timeout` after its client left (a handler still waiting
             # on the database, say), or the instance shutting down.
             await self._end()

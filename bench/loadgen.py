@@ -14,20 +14,29 @@ Scenarios:
 - `ceiling`: watchers connect to a frame-pushing server; reports frames/s received.
 - `burst`: watchers connect to Relay; the orchestrator injects transitions into their channel's
   group; reports frames/s received (the same burst as `ceiling`, through Relay).
+- `slow_reader`: healthy members of one channel connect, then one member that stops reading (a
+  raw socket that never reads after its handshake); the first healthy member sends messages to the
+  channel, each once every healthy member has the one `window` before it; reports what the
+  healthy members received.
 """
 
 import asyncio
 import json
 import random
 import resource
+import socket
 import statistics
 import sys
 import time
+import uuid
 from collections import defaultdict
 from typing import Any
 
 import orjson
 import websockets
+from websockets.client import ClientProtocol
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
 
 def _raise_fd_limit() -> None:
@@ -292,7 +301,133 @@ async def burst(job: dict) -> None:
     )
 
 
-SCENARIOS = {"idle": idle, "notify": notify, "churn": churn, "ceiling": ceiling, "burst": burst}
+CREATED = b'{"type":"message.created"'
+
+
+class Member:
+    """A healthy member: counts its `message.created` frames, and tells the channel when each arrived everywhere."""
+
+    def __init__(self, url: str, channel: "Delivery") -> None:
+        self.url = url
+        self.channel = channel
+        self.ws: Any = None
+        self.created = 0
+        self.acked = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.ws = await websockets.connect(self.url, open_timeout=60, ping_interval=None, max_queue=None, proxy=None)
+        self.task = asyncio.create_task(self._read())
+        await asyncio.wait_for(self.acked.wait(), 60)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                # Undecoded: 40 MB to each of 1,000 members would otherwise be mostly the decoding of it.
+                raw = await self.ws.recv(decode=False)
+                if raw.startswith(CREATED):
+                    self.created += 1
+                    self.channel.arrived(self.created)
+                elif not self.acked.is_set() and raw.startswith(b'{"type":"connection.ack"'):
+                    self.acked.set()
+        except websockets.ConnectionClosed:
+            pass
+
+
+class Delivery:
+    """How many members have each message (by its position), and a wait for all of them to have one."""
+
+    def __init__(self, members: int) -> None:
+        self.members = members
+        self.count: dict[int, int] = defaultdict(int)
+        self.everywhere: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+
+    def arrived(self, position: int) -> None:
+        self.count[position] += 1
+        if self.count[position] == self.members:
+            self.everywhere[position].set()
+
+    async def wait(self, position: int, timeout: float) -> None:
+        if position > 0:
+            await asyncio.wait_for(self.everywhere[position].wait(), timeout)
+
+
+def _stalled(url: str) -> socket.socket:
+    """A WebSocket that completes its handshake and never reads again, with a 4 KiB receive window."""
+    uri = parse_uri(url)
+    client = ClientProtocol(uri)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Before connecting, so the window the kernel advertises stays small.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(60)
+    sock.connect((uri.host, uri.port))
+    client.send_request(client.connect())
+    sock.sendall(b"".join(client.data_to_send()))
+    while client.state is State.CONNECTING:
+        data = sock.recv(1024)
+        if not data:
+            raise RuntimeError("the stalled client's handshake was refused")
+        client.receive_data(data)
+    return sock
+
+
+async def slow_reader(job: dict) -> None:
+    """One stalled member among healthy ones; messages sent paced by the healthy ones only."""
+    channel = Delivery(len(job["urls"]))
+    members = [Member(url, channel) for url in job["urls"]]
+    semaphore = asyncio.Semaphore(job.get("concurrency", 100))
+
+    async def start(member: Member) -> None:
+        async with semaphore:
+            await member.start()
+
+    await asyncio.gather(*(start(member) for member in members))
+    sender = members[0]
+    text = job["text"]
+    window, timeout = job["window"], job.get("timeout", 60)
+    sent = 0
+
+    async def send(count: int) -> None:
+        nonlocal sent
+        for _ in range(count):
+            await channel.wait(sent + 1 - window, timeout)
+            payload = {"idem_key": uuid.uuid4().hex, "channel": job["channel"], "text": text}
+            await sender.ws.send(orjson.dumps({"type": "message.send", "payload": payload}).decode())
+            sent += 1
+        await channel.wait(sent, timeout)
+
+    # The fan-out's own buffers reach their steady size before the measurement starts.
+    await send(job["warmup"])
+    before = [member.created for member in members]
+    emit("ready", connections=len(members))
+    await _wait_line()
+    stalled = await asyncio.get_running_loop().run_in_executor(None, _stalled, job["stalled_url"])
+    started = time.perf_counter()
+    try:
+        await send(job["messages"])
+    except TimeoutError:
+        # A healthy member stopped receiving (cut loose too): what did arrive is the result.
+        progress(f"message {sent} did not reach every healthy member in {timeout} s")
+    elapsed = time.perf_counter() - started
+    delivered = sum(member.created - seen for member, seen in zip(members, before, strict=True))
+    stalled.close()
+    await asyncio.gather(*(member.ws.close() for member in members), return_exceptions=True)
+    emit(
+        "result",
+        delivered=delivered,
+        expected=job["messages"] * len(members),
+        seconds=round(elapsed, 2),
+    )
+
+
+SCENARIOS = {
+    "idle": idle,
+    "notify": notify,
+    "churn": churn,
+    "ceiling": ceiling,
+    "burst": burst,
+    "slow_reader": slow_reader,
+}
 
 
 def main() -> None:

@@ -46,14 +46,20 @@ class Sizes:
     ceiling_frames: int
     # Connects counted under callgrind (about 50 times slower than natively).
     instruction_connections: int
+    # One stalled member and this many healthy ones in a channel, and the MB sent to it.
+    slow_reader_healthy: int
+    slow_reader_mb: int
+    # RELAY_MAX_PENDING_BYTES for that phase; None leaves the default (4 MiB).
+    slow_reader_bound: int | None
 
 
 # The climb goes in 50/s steps up to the 500/s target, so the highest rate held is known within 50.
 FULL_CHURN_RATES = (*range(100, 501, 50), 600, 800, 1000)
-FULL = Sizes(10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 5, 1000, 300)
-QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300, 100)
+FULL = Sizes(10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 5, 1000, 300, 1000, 40, None)
+QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300, 100, 200, 12, None)
 # CI's smoke run: every phase and every key, in seconds; the numbers mean nothing at this size.
-SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 1, 10, 5)
+# Its slow reader passes the smallest bound allowed, so that its close is run too.
+SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 1, 10, 5, 5, 6, 64 * 1024)
 MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 # Scaled presence timings for the churn phases, so each pair's `offline` lands in the window.
@@ -79,6 +85,14 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def peak_rss_kb(pid: int) -> int:
+    """The most memory the process has held at once since it started (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmHWM for {pid}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -802,6 +816,78 @@ def phase_layers(world: World, workdir: Path, sizes: Sizes, redis_url: str, watc
     }
 
 
+# The largest `text` a message may have, in four-byte characters: 64 KiB a frame.
+SLOW_READER_TEXT = "\U0001f600" * 16_384
+# Messages in flight to the healthy members: 512 KiB each, well inside the bound.
+SLOW_READER_WINDOW = 8
+SLOW_READER_WARMUP = 128
+
+
+def phase_slow_reader(world: World, workdir: Path, sizes: Sizes) -> dict:
+    """One member stops reading while `slow_reader_mb` MB of `message.created` go to its channel.
+
+    The stalled member is a raw socket with a 4 KiB receive window that never reads after its
+    handshake; the healthy members read everything, and the first of them sends the messages,
+    each once every healthy member has the one 8 before it (a member that keeps up never has
+    more than that queued). The instance's memory is measured from after a warm-up of the
+    channel's fan-out to its peak (VmHWM) during the sending: what the stalled member cost it.
+    """
+    from relay.settings import DEFAULT_MAX_PENDING_BYTES
+
+    healthy = world.users("slow-healthy", sizes.slow_reader_healthy)
+    stalled = world.users("slow-stalled", 1)[0]
+    channel = world.channel("slow-reader", [*healthy, stalled])
+    bound = sizes.slow_reader_bound or DEFAULT_MAX_PENDING_BYTES
+    env = {"RELAY_MAX_PENDING_BYTES": str(sizes.slow_reader_bound)} if sizes.slow_reader_bound else {}
+    frame_bytes = len(SLOW_READER_TEXT.encode()) + 200  # the frame's other fields, about
+    messages = -(-sizes.slow_reader_mb * 1024 * 1024 // frame_bytes)
+    server = daphne("relay-slow-reader", workdir, **env)
+    try:
+        say(f"slow reader: {len(healthy)} healthy members and one stalled, {messages} messages of 64 KiB")
+        load = LoadGen(
+            {
+                "scenario": "slow_reader",
+                "urls": [server.ws_url(f"token={world.token(uid)}") for uid in healthy],
+                "stalled_url": server.ws_url(f"token={world.token(stalled)}"),
+                "channel": channel,
+                "text": SLOW_READER_TEXT,
+                "window": SLOW_READER_WINDOW,
+                "warmup": SLOW_READER_WARMUP,
+                "messages": messages,
+            }
+        )
+        load.expect("ready")
+        rss_before = rss_kb(server.pid)
+        load.release()
+        result = load.finish()
+        peak = peak_rss_kb(server.pid)
+    finally:
+        server.stop()
+    cut_loose = [
+        line
+        for line in (workdir / "relay-slow-reader.log").read_text().splitlines()
+        if '"connection.slow"' in line and json.loads(line).get("user") == stalled
+    ]
+    growth_mb = (peak - rss_before) / 1024
+    ratio = result["delivered"] / result["expected"] if result["expected"] else 0.0
+    say(
+        f"slow reader: RSS grew {growth_mb:.1f} MB (bound {bound / 2**20:g} MiB), healthy members got "
+        f"{result['delivered']}/{result['expected']} frames in {result['seconds']} s, "
+        f"stalled member cut loose {len(cut_loose)} time(s)"
+    )
+    return {
+        "slow_reader.rss_growth_mb": round(growth_mb, 1),
+        "slow_reader.healthy_delivered_ratio": round(ratio, 4),
+        "_slow_reader_healthy_members": len(healthy),
+        "_slow_reader_sent_mb": round(messages * frame_bytes / 2**20, 1),
+        "_slow_reader_bound_mb": round(bound / 2**20, 3),
+        "_slow_reader_cut_loose": len(cut_loose),
+        "_slow_reader_pending_bytes": json.loads(cut_loose[0])["pending_bytes"] if cut_loose else 0,
+        "_slow_reader_rss_before_mb": round(rss_before / 1024, 1),
+        "_slow_reader_seconds": result["seconds"],
+    }
+
+
 # ── reporting ────────────────────────────────────────────────────────────────
 def versions(redis_server_version: str) -> dict:
     import channels
@@ -853,6 +939,9 @@ TARGETS = {
     "fanout.frames_per_s": (">=", 10_000),
     "redis.commands_per_connect": ("<=", 7),
     "ratio.connect_cpu_vs_bare": ("<=", 1.3),
+    # The default bound (RELAY_MAX_PENDING_BYTES, 4 MiB) plus 8.
+    "slow_reader.rss_growth_mb": ("<=", 12),
+    "slow_reader.healthy_delivered_ratio": (">=", 1.0),
 }
 
 
@@ -916,12 +1005,14 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="*",
-        help="run only these phases (idle notify churn commands cpu instructions ceiling layers)",
+        help="run only these phases (idle notify churn commands cpu instructions ceiling layers slow_reader)",
     )
     args = parser.parse_args()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = MODES[mode]
-    phases = set(args.only or ["idle", "notify", "churn", "commands", "cpu", "instructions", "ceiling", "layers"])
+    phases = set(
+        args.only or ["idle", "notify", "churn", "commands", "cpu", "instructions", "ceiling", "layers", "slow_reader"]
+    )
     started = time.time()
     sys.path.insert(0, str(BASE_DIR))
     from devtools.embedded_redis import EmbeddedRedis
@@ -969,6 +1060,8 @@ def main() -> int:
             ceiling = results["_ceiling_frames_per_s"]
             relay = results["_burst_pubsub_frames_per_s"]
             results["ratio.frames_vs_ceiling"] = round(relay / ceiling, 3) if ceiling else 0.0
+        if fresh("slow_reader"):
+            results.update(phase_slow_reader(world, workdir, sizes))
         redis_client.close()
     context = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),

@@ -95,11 +95,15 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
     log_event(logger, "presence.suppressed", user=user_id, state=state, reason=reason)
 
 
-@database_sync_to_async
-def read_channel_ids(environment_id: str, user_id: str) -> set[str]:
+def channel_ids_now(environment_id: str, user_id: str) -> set[str]:
     """The channel ids of one tenant's user, read from the database now (empty when unknown)."""
     user = User.objects.filter(environment_id=environment_id, external_id=user_id).only("pk").first()
     return channel_ids_of_user(user.pk) if user else set()
+
+
+# Not in the thread every other database call shares (thread_sensitive): a write stuck there
+# (a message.send behind a locked database) would hold up every `offline` of the instance.
+read_channel_ids = database_sync_to_async(channel_ids_now, thread_sensitive=False)
 
 
 class PresenceService:
@@ -165,6 +169,10 @@ class PresenceService:
 
     async def disconnect(self, conn: Connection) -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
+        if self.closed:
+            # The instance is shutting down: `close` frees every slot it holds at once and leaves the
+            # keys to expire, so a surviving instance decides each user's `offline`.
+            return
         subject = (conn.environment_id, conn.user_id)
         last_local = self._forget(subject, conn.connection_id)
         refreshing = self._refreshing

@@ -1,11 +1,12 @@
 """Closing an instance: cancel presence's timers before Daphne stops, so nothing publishes after.
 
 On SIGTERM Daphne stops the Twisted reactor, whose "before shutdown" triggers cancel every
-application instance; a cancelled consumer runs no `closed` hook, so presence hooks the same
-phase itself (ProtocolTypeRouter routes no `lifespan` scope to tell it). The trigger is
-registered in `ready()`, before Daphne registers its own, so timers and the refresh task are
-cancelled before any consumer is. Users held here stay online until their keys expire; a
-surviving instance's reaper then decides their `offline` (presence/actions.py).
+application instance; presence hooks the same phase itself (ProtocolTypeRouter routes no
+`lifespan` scope to tell it). The trigger is registered in `ready()`, before Daphne registers
+its own, so timers and the refresh task are cancelled before any consumer is: the cancelled
+consumers' `closed` hooks then find the service stopped and leave their slots to `close`, which
+frees them all at once. Users held here stay online until their keys expire; a surviving
+instance's reaper then decides their `offline` (presence/actions.py).
 """
 
 import asyncio

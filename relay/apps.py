@@ -6,9 +6,13 @@ class RelayConfig(AppConfig):
     verbose_name = "Relay: tenants, users and channels"
 
     def ready(self) -> None:
+        from django.conf import settings
+
         # The receivers that carry every membership change to live connections.
         from relay import membership  # noqa: F401
-        from relay.transport import close_handshake
+        from relay.transport import autobahn_debug, pending_output, websocket_options
 
-        # Before Daphne builds its WebSocket factory, when this process is Daphne.
-        close_handshake.install()
+        # Before Daphne builds its WebSocket factory and protocols, when this process is Daphne.
+        websocket_options.install()
+        autobahn_debug.install()
+        pending_output.install(settings.RELAY_MAX_PENDING_BYTES)

@@ -6,7 +6,6 @@ belongs to the app that registered it in `relay.registry`.
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 import weakref
@@ -25,8 +24,8 @@ from pydantic import ValidationError
 
 from relay import membership, metrics, registry
 from relay.batching import GroupCommit
-from relay.exceptions import ConnectionRefused, FrameError, InvalidToken
-from relay.frames import MAX_FRAME_BYTES, Envelope, describe_validation_error
+from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
+from relay.frames import Envelope, describe_validation_error
 from relay.logging import log_event
 from relay.models import Environment, User
 from relay.queries import channel_ids_of_user, channel_ids_of_users, users_by_external_id
@@ -39,7 +38,8 @@ CLOSE_UNAUTHORIZED = 4401
 # following ASGI 2.4 an OSError.
 SOCKET_GONE = (Disconnected, OSError)
 CLOSE_TOO_MANY_CONNECTIONS = 4429
-CLOSE_TOO_BIG = 1009
+# The client read too slowly: its unsent output passed RELAY_MAX_PENDING_BYTES (relay/transport/pending_output.py).
+CLOSE_SLOW_READER = 4008
 
 
 def log_hook_failure(hook: str, error: Exception) -> None:
@@ -130,6 +130,10 @@ async def read_connect(token: str | None, extensions: list[registry.Extension]) 
     return await reads.submit((token, extensions))
 
 
+# Releases in flight (GatewayConsumer._end), held so a shielded task is not collected mid-way.
+_releases: set[asyncio.Future] = set()
+
+
 @database_sync_to_async
 def read_channel_ids(user: User) -> set[str]:
     """Return the ids of the channels `user` belongs to."""
@@ -138,6 +142,25 @@ def read_channel_ids(user: User) -> set[str]:
 
 class GatewayConsumer(AsyncWebsocketConsumer):
     """One client connection: what the apps may use of it is `relay.registry.Connection`."""
+
+    # Until `connect` sets them: a consumer can end before it ever connected (see `__call__`).
+    user: User | None = None
+    admitted: list[registry.Extension] = []  # never appended to: connect gives each connection its own
+    is_open = False
+    ended = False
+    # Cut loose for reading too slowly: nothing more is sent to it.
+    slow = False
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        """Run the connection; however it ends, `_end` releases it, once."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Every way out passes here: the socket closed (websocket_disconnect stops the consumer),
+            # an exception escaping a handler (Daphne closes the socket 1011), Daphne cancelling the
+            # application `application_close_timeout` after its client left (a handler still waiting
+            # on the database, say), or the instance shutting down.
+            await self._end()
 
     async def connect(self) -> None:
         self.connection_id = uuid.uuid4().hex
@@ -177,9 +200,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 self.admitted.append(ext)
         except ConnectionRefused as refusal:
             metrics.REFUSED.labels(code=str(refusal.code)).inc()
-            await self._leave_groups()
-            await self._release()
-            self.bus.forget(self.user.pk, self.channel_name)
+            await self._end()
             await self.accept()
             await self.close(code=refusal.code)
             return
@@ -197,15 +218,28 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         # The loads served admit and opened; kept, they would cost every idle connection their size.
         self.loaded = {}
 
-    async def disconnect(self, code: int) -> None:
-        if not self.is_open:
+    async def _end(self) -> None:
+        """Release the connection, the first time only: its groups, its bus listener, every app's `closed`."""
+        if self.ended:
             return
-        self.bus.forget(self.user.pk, self.channel_name)
-        await self._leave_groups()
+        self.ended = True
+        task = asyncio.ensure_future(self._release_all())
+        # Shielded, and held until done: Daphne cancels an application again every second until it
+        # has finished, and a release cut short would leave the user online and holding a slot.
+        _releases.add(task)
+        task.add_done_callback(_releases.discard)
+        await asyncio.shield(task)
+
+    async def _release_all(self) -> None:
+        if self.user is not None:
+            self.bus.forget(self.user.pk, self.channel_name)
+            await self._leave_groups()
         await self._release()
-        metrics.CLOSES.inc()
-        metrics.CONNECTIONS_OPEN.dec()
-        log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
+        if self.is_open:
+            self.is_open = False
+            metrics.CLOSES.inc()
+            metrics.CONNECTIONS_OPEN.dec()
+            log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
 
     def _groups(self, channel_ids: Iterable[str]) -> list[str]:
         """Every extension's group of each of `channel_ids`."""
@@ -236,41 +270,52 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # ── frames from the client ───────────────────────────────────────────────
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if bytes_data is not None:
-            await self.send_error("invalid_frame", "frames are JSON text messages, not binary")
-            return
-        if len(text_data) > MAX_FRAME_BYTES:
-            await self.close(code=CLOSE_TOO_BIG)
-            return
+        """One client frame, read and handed to the app that owns its type. Nothing it raises ends the connection.
+
+        The size is Daphne's to enforce (1 MiB of bytes per message and per frame, closed 1009
+        before the frame is buffered), so a frame that gets here is within it.
+        """
+        frame_type = None
         try:
-            data = json.loads(text_data)
-        except json.JSONDecodeError:
-            await self.send_error("invalid_frame", "frame is not valid JSON")
-            return
+            route, frame_type, payload = self._read(text_data)
+            await route.handler(self, payload)
+        except FrameError as error:
+            await self.send_error(error.code, error.message, error.frame_type or frame_type)
+        except Exception as error:
+            # One line, by type only: an exception's text may quote what the client sent. The
+            # traceback, which may too, only where DEBUG is on.
+            log_event(logger, "frame.failed", logging.ERROR, type=frame_type, error=type(error).__name__)
+            logger.debug("frame.failed: traceback", exc_info=error)
+            await self.send_error("internal", "the server failed to handle this frame", frame_type)
+
+    def _read(self, text_data: str | None) -> tuple[registry.FrameRoute, str, Any]:
+        """The route, type and validated payload of a frame; FrameError (`invalid_frame`...) when it is malformed."""
+        if text_data is None:
+            raise FrameError("invalid_frame", "frames are JSON text messages, not binary")
+        try:
+            # orjson, not json: strict JSON (no NaN or Infinity), nesting cut at 1,024 levels, no lone
+            # surrogates, no integer of thousands of digits. json.loads let each through, or raised
+            # something other than a decode error for it, and a frame could end the connection.
+            data = orjson.loads(text_data)
+        except orjson.JSONDecodeError:
+            raise FrameError("invalid_frame", "frame is not valid JSON") from None
         try:
             envelope = Envelope.model_validate(data)
         except ValidationError as error:
             # A payload that is not an object still names a type the client can match its error to.
             known = data.get("type") if isinstance(data, dict) else None
-            await self.send_error(
-                "invalid_frame", describe_validation_error(error), known if known in registry.frames else None
-            )
-            return
+            named = known if isinstance(known, str) and known in registry.frames else None
+            raise FrameError("invalid_frame", describe_validation_error(error), named) from None
         route = registry.frames.get(envelope.type)
         # Only registered types become label values, so a client cannot grow the series.
         metrics.FRAMES_IN.labels(type=envelope.type if route else "unknown").inc()
         if route is None:
-            await self.send_error("invalid_frame", f"unknown frame type {envelope.type!r}", envelope.type)
-            return
+            raise FrameError("invalid_frame", f"unknown frame type {envelope.type!r}", envelope.type)
         try:
             payload = route.schema.model_validate(envelope.payload)
         except ValidationError as error:
-            await self.send_error(route.error_code, describe_validation_error(error), envelope.type)
-            return
-        try:
-            await route.handler(self, payload)
-        except FrameError as error:
-            await self.send_error(error.code, error.message, envelope.type)
+            raise FrameError(route.error_code, describe_validation_error(error), envelope.type) from None
+        return route, envelope.type, payload
 
     # ── events from the channel layer ────────────────────────────────────────
     async def dispatch(self, message: dict) -> None:
@@ -300,8 +345,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await method(message)
 
     async def websocket_disconnect(self, message: dict) -> None:
-        """The socket closed: Channels' own handler minus its close_old_connections() hop (see dispatch)."""
-        await self.disconnect(message["code"])
+        """The socket closed: the consumer stops, and `__call__` releases it."""
         raise StopConsumer()
 
     async def membership_changed(self, event: dict) -> None:
@@ -322,15 +366,35 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # ── sending ──────────────────────────────────────────────────────────────
     async def send_frame(self, frame_type: str, payload: dict) -> None:
-        """Send one `{"type", "payload"}` frame."""
+        """Send one `{"type", "payload"}` frame; dropped once the connection is cut loose as a slow reader."""
+        if self.slow:
+            return
         metrics.frames_out(frame_type).inc()
-        # The client may have closed while this frame was on its way (under load, a transition can
-        # be dispatched before the websocket.disconnect queued behind it). Escaping, the error
-        # would end the consumer without running disconnect(): no release, and the user would
-        # stay online until the reaper. The disconnect that follows cleans up as usual.
+        try:
+            # The client may have closed while this frame was on its way (under load, a transition
+            # can be dispatched before the websocket.disconnect queued behind it): the frame is
+            # dropped, and the disconnect that follows ends the consumer as usual.
+            with contextlib.suppress(*SOCKET_GONE):
+                # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
+                await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
+        except OutputBacklogFull as full:
+            await self._cut_loose(full.pending_bytes)
+
+    async def _cut_loose(self, pending_bytes: int) -> None:
+        # Closed rather than left to catch up: its backlog is memory the instance holds for it
+        # alone, and frames dropped from it would be a gap the client could not see. It follows
+        # the normal path from here: the close ends the consumer, and the grace check decides.
+        self.slow = True
+        log_event(
+            logger,
+            "connection.slow",
+            logging.WARNING,
+            connection_id=self.connection_id,
+            user=self.user_id,
+            pending_bytes=pending_bytes,
+        )
         with contextlib.suppress(*SOCKET_GONE):
-            # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
-            await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
+            await self.close(code=CLOSE_SLOW_READER)
 
     async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
         """Send an `error` frame; the socket stays open."""

@@ -15,12 +15,13 @@ class ConnectionRefused(Exception):
 
 
 class FrameError(Exception):
-    """A client frame is refused; answered with an `error` frame and the socket kept."""
+    """A client frame is refused; answered with an `error` frame (naming `frame_type` if known) and the socket kept."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, frame_type: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.frame_type = frame_type
 
 
 class ApiError(Exception):
@@ -31,3 +32,11 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+
+class OutputBacklogFull(Exception):
+    """A connection's unsent output would pass RELAY_MAX_PENDING_BYTES; `pending_bytes` is what it holds."""
+
+    def __init__(self, pending_bytes: int) -> None:
+        super().__init__(pending_bytes)
+        self.pending_bytes = pending_bytes

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-MAX_FRAME_BYTES = 1024 * 1024
 MAX_ID_LENGTH = 128
 MAX_TEXT_LENGTH = 16_384
 

@@ -103,7 +103,7 @@ class Extension:
         """After `connection.ack` was sent."""
 
     async def closed(self, conn: Connection) -> None:
-        """After the socket closed, for a connection this extension admitted."""
+        """After the connection ended however it did (closed, crashed, cancelled, shut down), if admitted."""
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
         """The connection's user became a member of `channel_id`."""

@@ -143,6 +143,13 @@ if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
         "a key refreshed no faster than it expires drops live users"
     )
 
+# ── Connections ──────────────────────────────────────────────────────────────
+# What a connection may have queued and not yet written to its socket before it is closed with
+# 4008 (relay/transport/pending_output.py). At least 64 KiB: a `message.created` of 16,384
+# four-byte characters is that big, and every connection must be able to take one.
+DEFAULT_MAX_PENDING_BYTES = 4 * 1024 * 1024
+RELAY_MAX_PENDING_BYTES = env_int("RELAY_MAX_PENDING_BYTES", DEFAULT_MAX_PENDING_BYTES, minimum=64 * 1024)
+
 # ── Agents (seed 000) ────────────────────────────────────────────────────────
 DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)

@@ -194,15 +194,18 @@ def live_instances(transactional_db: None, redis_url: str, tmp_path: Path) -> It
     """Start `count` real Daphne processes on the test database and Redis.
 
     Keyword arguments become environment variables (e.g. RELAY_PRESENCE_GRACE_MS="300");
-    `server="daphne"` runs Daphne's own command instead of `relay.serve`.
+    `server="daphne"` runs Daphne's own command instead of `relay.serve`, and `args` are more of
+    Daphne's options (e.g. `("--application-close-timeout", "1")`).
     Every instance is stopped when the test ends.
     """
     started: list[Instance] = []
     database = database_url(settings.DATABASES["default"])
 
-    def start(count: int = 2, server: str = "relay.serve", **overrides: str) -> list[Instance]:
+    def start(
+        count: int = 2, server: str = "relay.serve", args: tuple[str, ...] = (), **overrides: str
+    ) -> list[Instance]:
         env = instance_env(database, overrides.pop("RELAY_REDIS_URL", redis_url), **overrides)
-        instances = [new_instance(f"gw{len(started) + i}", tmp_path, env, server) for i in range(count)]
+        instances = [new_instance(f"gw{len(started) + i}", tmp_path, env, server, args) for i in range(count)]
         for instance in instances:
             started.append(instance.start())
         return instances

@@ -56,6 +56,8 @@ class Instance:
     process: subprocess.Popen | None = None
     # `relay.serve` (Daphne tuned, as deployed by the README) or `daphne` itself, the contract's command.
     server: str = "relay.serve"
+    # More of the server's own options (Daphne's), before the application.
+    args: tuple[str, ...] = ()
 
     @property
     def http_url(self) -> str:
@@ -71,7 +73,17 @@ class Instance:
         """Start Daphne and wait until /healthz answers."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", self.server, "-b", "127.0.0.1", "-p", str(self.port), "relay.asgi:application"],
+            [
+                sys.executable,
+                "-m",
+                self.server,
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                *self.args,
+                "relay.asgi:application",
+            ],
             cwd=BASE_DIR,
             env=self.env,
             stdout=log,
@@ -139,9 +151,11 @@ def instance_env(database: str, redis_url: str, **overrides: str) -> dict[str, s
     return env
 
 
-def new_instance(name: str, directory: Path, env: dict[str, str], server: str = "relay.serve") -> Instance:
+def new_instance(
+    name: str, directory: Path, env: dict[str, str], server: str = "relay.serve", args: tuple[str, ...] = ()
+) -> Instance:
     """An Instance on a free port, logging to `directory/name.log` (not started)."""
-    return Instance(name=name, port=free_port(), env=env, log_path=directory / f"{name}.log", server=server)
+    return Instance(name=name, port=free_port(), env=env, log_path=directory / f"{name}.log", server=server, args=args)
 
 
 class FrameRecorder:

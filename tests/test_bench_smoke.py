@@ -28,6 +28,8 @@ KEYS = {
     "ratio.connect_cpu_vs_bare",
     "ratio.frames_vs_ceiling",
     "layers.pubsub_vs_core_frames",
+    "slow_reader.rss_growth_mb",
+    "slow_reader.healthy_delivered_ratio",
 }
 
 

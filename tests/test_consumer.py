@@ -117,16 +117,6 @@ async def test_a_binary_frame_gets_an_error(acme):
     await communicator.disconnect()
 
 
-async def test_an_over_large_frame_closes_with_1009(acme):
-    communicator, _ = await connect(acme.token("linh"))
-    await frame(communicator)
-    await communicator.send_to(text_data="x" * (1024 * 1024 + 1))
-    output = await communicator.receive_output(timeout=3)
-    while output["type"] == "websocket.send" and json.loads(output["text"])["type"].startswith("presence."):
-        output = await communicator.receive_output(timeout=3)
-    assert output == {"type": "websocket.close", "code": 1009}
-
-
 class Echo(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     word: str

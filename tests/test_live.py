@@ -8,7 +8,7 @@ import pytest
 from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
-from relay.transport.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
+from relay.transport.websocket_options import CLOSE_HANDSHAKE_TIMEOUT_S
 from tests.support import WsClient, http
 
 pytestmark = pytest.mark.live
@@ -53,7 +53,7 @@ def test_a_refused_client_slow_to_answer_the_close_is_waited_for(live_instances,
     """A browser busy loading the page answers Relay's 4401 late; the server must wait for it.
 
     autobahn's own wait is 1 s, after which it resets the connection, and a browser that has not
-    yet handled the close frame then reports 1006 and retries (relay/transport/close_handshake.py). Both
+    yet handled the close frame then reports 1006 and retries (relay/transport/websocket_options.py). Both
     commands that serve Relay wait longer.
     """
     (instance,) = live_instances(1, server=server)

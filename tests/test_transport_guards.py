@@ -1,6 +1,7 @@
 """Guards of the patches in relay/transport: each fails as soon as upstream changes what a patch relies on."""
 
 import inspect
+import pprint
 import uuid
 from importlib.metadata import version
 
@@ -8,9 +9,9 @@ import pytest
 import redis
 
 from presence.store import PresenceStore, Timings
-from relay.transport.close_handshake import CLOSE_HANDSHAKE_TIMEOUT_S
 from relay.transport.hiredis import pack_with_hiredis
 from relay.transport.pubsub import RelayPubSubChannelLayer
+from relay.transport.websocket_options import CLOSE_HANDSHAKE_TIMEOUT_S, OPTIONS
 
 
 def _python_packed(*commands: tuple) -> bytes:
@@ -82,8 +83,8 @@ def _version(distribution: str) -> tuple[int, ...]:
     [
         ("channels-redis", (4, 3), (4, 4)),  # relay/transport/pubsub.py
         ("redis", (5, 0), (7, 0)),  # relay/transport/hiredis.py
-        ("daphne", (4, 1), (4, 3)),  # relay/transport/close_handshake.py
-        ("autobahn", (26, 1), (27, 0)),  # relay/transport/close_handshake.py
+        ("daphne", (4, 1), (4, 3)),  # relay/transport/websocket_options.py
+        ("autobahn", (26, 1), (27, 0)),  # relay/transport/websocket_options.py, autobahn_debug.py
     ],
 )
 def test_each_patched_library_is_a_version_its_patch_was_written_for(distribution, lowest, beyond):
@@ -111,8 +112,8 @@ def test_channels_redis_still_has_what_the_layer_overrides_and_reads():
     assert "_layers" in vars(pubsub.RedisPubSubChannelLayer(hosts=["redis://127.0.0.1:1/0"]))
 
 
-# ── the close handshake: Daphne still leaves autobahn's close timeout alone ───
-def test_daphne_builds_its_websocket_factory_without_a_close_timeout_of_its_own():
+# ── websocket options: Daphne still leaves those autobahn options alone ───────
+def test_daphne_builds_its_websocket_factory_without_relays_options_of_its_own():
     import daphne.server  # already imported with Django's apps: the `daphne` app is installed
     from autobahn.websocket.protocol import WebSocketServerFactory
     from daphne.ws_protocol import WebSocketFactory
@@ -122,7 +123,22 @@ def test_daphne_builds_its_websocket_factory_without_a_close_timeout_of_its_own(
     assert issubclass(WebSocketFactory, WebSocketServerFactory)
     source = inspect.getsource(daphne.server.Server.run)
     assert "WebSocketFactory(" in source and "setProtocolOptions(" in source
-    assert "closeHandshakeTimeout" not in source
+    assert not [name for name in OPTIONS if name in source]
     factory = WebSocketServerFactory()
-    factory.setProtocolOptions(closeHandshakeTimeout=CLOSE_HANDSHAKE_TIMEOUT_S)
-    assert factory.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S
+    factory.setProtocolOptions(**OPTIONS)
+    assert (factory.closeHandshakeTimeout, factory.failByDrop) == (CLOSE_HANDSHAKE_TIMEOUT_S, False)
+
+
+# ── autobahn's debug arguments: still built with the module's `pformat` ───────
+def test_autobahn_still_formats_its_connection_settings_through_its_module_name(monkeypatch):
+    import autobahn.websocket.protocol as protocol
+
+    from relay.transport import autobahn_debug
+
+    # autobahn imports the name from pprint (this process already patched it: Django's apps are
+    # set up), and each connection's debug line looks it up in the module when it runs.
+    assert "from pprint import pformat" in inspect.getsource(protocol)
+    assert "pformat" in protocol.WebSocketProtocol._connectionMade.__code__.co_names
+    monkeypatch.setattr(protocol, "pformat", pprint.pformat)
+    autobahn_debug.install()
+    assert protocol.pformat([("utf8validateIncoming", True, "WebSocketFactory")]) == autobahn_debug.NOT_FORMATTED

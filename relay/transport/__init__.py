@@ -8,5 +8,8 @@ reaches into another library's internals.
 - `pubsub`: channels-redis's pub/sub layer with one subscription per process, confirmed
   subscriptions, a receive loop without a timer, and process-wide delivery hooks.
 - `hiredis`: redis-py's asyncio connections packing commands in C, as its blocking ones do.
-- `close_handshake`: Daphne's WebSocket factory waiting 10 s, not 1 s, for a peer's close.
+- `websocket_options`: autobahn options Daphne does not expose (the close handshake's timeout,
+  a close frame rather than a dropped connection for an oversize frame).
+- `autobahn_debug`: autobahn's per-connection debug arguments built with `repr`, not `pformat`.
+- `pending_output`: a bound on the output a connection has queued and its client not read.
 """

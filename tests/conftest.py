@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Redis, tenants with their personas, API and WebSocket clients.
+"""Shared fixtures: a real Redis, tenants with their personas, API clients and live instances.
 
 Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
 "fleet" (private) and "general" (public); "hermit" belongs to nothing. Tenant
@@ -7,8 +7,7 @@ Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,11 @@ from django.db import connections
 from django.test import Client
 
 from devtools.embedded_redis import EmbeddedRedis
-from relay.models import ApiKey, Channel, Environment, Membership, User
+from presence import actions as presence_actions
+from relay import tokens
+from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for
-from relay.tokens import mint_token
-from tests.support import Instance, database_url, instance_env, new_instance
+from tests.support import Instance, Tenant, database_url, instance_env, new_instance
 
 # Each phase's report ("setup", "call", "teardown"), so a fixture's teardown can tell
 # that its test failed (the browser tests keep screenshots of failures).
@@ -106,31 +106,6 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-@dataclass
-class Tenant:
-    """An environment with its API key, users by id and channels by name."""
-
-    environment: Environment
-    api_key: str
-    users: dict[str, User] = field(default_factory=dict)
-    channels: dict[str, Channel] = field(default_factory=dict)
-
-    def add_user(self, user_id: str, name: str = "") -> User:
-        user = User.objects.create(environment=self.environment, external_id=user_id, name=name or user_id.title())
-        self.users[user_id] = user
-        return user
-
-    def add_channel(self, name: str, kind: str = "public", members: tuple[str, ...] = ()) -> Channel:
-        channel = Channel.objects.create(environment=self.environment, name=name, type=kind)
-        for user_id in members:
-            Membership.objects.create(channel=channel, user=self.users[user_id])
-        self.channels[name] = channel
-        return channel
-
-    def token(self, user_id: str, ttl_seconds: int = 3600) -> str:
-        return mint_token(self.environment, user_id, ttl_seconds)[0]
-
-
 @pytest.fixture
 def make_tenant(db: None) -> Callable[[str], Tenant]:
     """A factory of empty tenants, each with one API key."""
@@ -210,3 +185,16 @@ def live_instances(transactional_db: None, redis_url: str, tmp_path: Path) -> It
     yield start
     for instance in started:
         instance.stop()
+
+
+@pytest.fixture
+async def close_presence_service() -> AsyncIterator[None]:
+    """Stop the test loop's presence service when the test ends: its timers, tasks and Redis client."""
+    yield
+    await presence_actions.service().close()
+
+
+@pytest.fixture
+def empty_secret_cache() -> None:
+    """Start with no environment's signing secret cached in this process."""
+    tokens._environments.clear()

@@ -18,10 +18,8 @@ from agents import actions
 from agents.models import Registration
 from agents.sweeper import sweeper
 from relay import registry
-from relay.asgi import application
 from relay.frames import StrictModel
-from relay.logging import event_fields
-from tests.support import next_frame, nothing_but
+from tests.support import events, next_frame, nothing_but, open_communicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,9 +35,7 @@ class Worker:
 
     @classmethod
     async def connect(cls, token: str) -> "Worker":
-        communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
-        connected, _ = await communicator.connect()
-        assert connected
+        communicator = await open_communicator(token)
         ack = await next_frame(communicator)
         assert ack["type"] == "connection.ack"
         return cls(communicator, ack["payload"])
@@ -111,7 +107,7 @@ async def test_register_is_acknowledged_and_the_row_is_visible(acme, clock, capl
     assert stored.connection_id == linh.connection_id
     assert stored.capability() == {"cognition": "planner", "weight": 0.5, "family": "gpt", "host": "box-7"}
     assert (stored.registered_at, stored.last_seen) == (T0, T0)
-    registered = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.registered"]
+    registered = events(caplog, "agent.registered")
     assert registered == [{"instance": "w-1", "environment": str(acme.environment.id)}]
     await linh.close()
 
@@ -193,7 +189,7 @@ async def test_another_identity_cannot_take_over_an_instance(acme, clock, caplog
     stored = await row_async("w-1", acme)
     assert (stored.identity.external_id, stored.host, stored.last_seen) == ("linh", "box-7", T0)
     assert stored.connection_id == linh.connection_id
-    rejected = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.rejected"]
+    rejected = events(caplog, "agent.rejected")
     assert rejected == [{"instance": "w-1", "reason": "instance_owned", "environment": str(acme.environment.id)}]
     # Tuan's socket is still open and his own instances register fine.
     assert (await tuan.register("t-1"))["type"] == "register.ack"
@@ -237,7 +233,7 @@ async def test_deregister_removes_the_callers_own_row(acme, clock, caplog):
     await linh.send("deregister", {"instance": "w-1"})
     assert await linh.receive() == {"type": "deregister.ack", "payload": {"instance": "w-1"}}
     assert not await rows_exist_async(instance="w-1")
-    assert [event_fields(r)["instance"] for r in caplog.records if r.getMessage() == "agent.deregistered"] == ["w-1"]
+    assert [e["instance"] for e in events(caplog, "agent.deregistered")] == ["w-1"]
     await linh.close()
 
 
@@ -366,7 +362,7 @@ async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(ac
         "message": "the agent registry is unavailable, try again",
         "type": "register",
     }
-    failed = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.failed"]
+    failed = events(caplog, "agent.failed")
     assert failed == [{"op": "register", "error": "OperationalError"}]
     monkeypatch.setattr(actions, "do_register", working)
     assert (await linh.register("w-1"))["type"] == "register.ack"

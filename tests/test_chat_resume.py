@@ -2,7 +2,7 @@
 
 The races (a message stored or published while a backfill runs) are staged here
 deterministically by wrapping the backfill's database reads; the same property
-under real concurrency across two Daphne processes is in test_messages_live.py.
+under real concurrency across two Daphne processes is in test_chat_live.py.
 """
 
 import asyncio
@@ -17,7 +17,8 @@ from django.db import DatabaseError
 from chat import handlers
 from chat.actions import send_message
 from chat.handlers import chat_group
-from tests.chat_helpers import Socket, send_payload, store_history
+from tests.chat_helpers import send_payload, store_history
+from tests.support import Socket, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,7 +27,7 @@ UNKNOWN_CHANNEL = "00000000-0000-4000-8000-000000000000"
 
 @pytest.fixture
 def streams(monkeypatch: pytest.MonkeyPatch) -> list[handlers.ChatState]:
-    """Every connection's message Stream, so a test can see what is held."""
+    """Every connection's chat state, so a test can see which messages it holds back."""
     made: list[handlers.ChatState] = []
 
     class RecordedStream(handlers.ChatState):
@@ -36,14 +37,6 @@ def streams(monkeypatch: pytest.MonkeyPatch) -> list[handlers.ChatState]:
 
     monkeypatch.setattr(handlers, "ChatState", RecordedStream)
     return made
-
-
-async def until(condition, timeout: float = 10.0) -> None:
-    """Wait until `condition()` is true (state inside the in-process consumer)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def cursor(**positions: int) -> str:

@@ -5,14 +5,12 @@ The cast (tests/conftest.py): in acme, linh and tuan share "fleet" (private) and
 """
 
 import asyncio
-import json
 import uuid
 
 import pytest
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
 from django.apps import apps
 from django.contrib.auth import get_user_model
 
@@ -22,82 +20,9 @@ from presence.actions import CLOSE_TOO_MANY_CONNECTIONS
 from presence.fabric import group_name, transition_message
 from presence.store import connections_key, presence_key
 from relay.asgi import application
-from relay.logging import event_fields
+from tests.support import Socket, add_channel, add_user, events
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Socket:
-    """An in-process WebSocket that records every frame it receives."""
-
-    def __init__(self, communicator: WebsocketCommunicator) -> None:
-        self.communicator = communicator
-        self.frames: list[dict] = []
-        self.close_code: int | None = None
-
-    @classmethod
-    async def open(cls, token: str) -> "Socket":
-        socket = cls(WebsocketCommunicator(application, f"/v1/ws?token={token}"))
-        connected, _ = await socket.communicator.connect(timeout=5)
-        assert connected
-        return socket
-
-    async def _pump(self, timeout: float) -> bool:
-        try:
-            output = await self.communicator.receive_output(timeout=timeout)
-        except TimeoutError:
-            return False
-        if output["type"] == "websocket.close":
-            self.close_code = output.get("code")
-            return False
-        self.frames.append(json.loads(output["text"]))
-        return True
-
-    async def next_of(self, frame_type: str, after: int = 0, timeout: float = 5.0) -> dict:
-        """Wait for the first frame of `frame_type` at index >= `after`; return its payload."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            for received in self.frames[after:]:
-                if received["type"] == frame_type:
-                    return received["payload"]
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0 or not await self._pump(remaining):
-                raise AssertionError(f"no {frame_type} after #{after}; frames: {self.frames}")
-
-    async def closed(self, timeout: float = 5.0) -> int | None:
-        while await self._pump(timeout):
-            pass
-        return self.close_code
-
-    async def wait_changes(self, count: int, timeout: float = 5.0) -> list[dict]:
-        """Wait until `count` presence.changed frames arrived; return them all."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(self.changes()) < count:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0 or not await self._pump(remaining):
-                raise AssertionError(f"fewer than {count} presence.changed; frames: {self.frames}")
-        return self.changes()
-
-    def changes(self, user: str | None = None) -> list[dict]:
-        return [
-            f["payload"]
-            for f in self.frames
-            if f["type"] == "presence.changed" and (user is None or f["payload"]["user"] == user)
-        ]
-
-    async def close(self) -> None:
-        await self.communicator.disconnect()
-
-
-@pytest.fixture(autouse=True)
-async def _close_presence():
-    """Each test's loop has its own presence service; stop its timers when the test ends."""
-    yield
-    await actions.service().close()
-
-
-def events(caplog, name: str) -> list[dict]:
-    return [event_fields(record) for record in caplog.records if record.getMessage() == name]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
 
 
 async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_user(acme):
@@ -133,12 +58,11 @@ async def test_a_watcher_sharing_two_channels_gets_one_frame_and_a_second_connec
     linh = await Socket.open(acme.token("linh"))
     await linh.next_of("presence.changed")
     tuan = await Socket.open(acme.token("tuan"))
-    await linh.next_of("presence.changed", after=len(linh.frames))
+    await linh.wait_changes(2)  # tuan's online
     again = await Socket.open(acme.token("tuan"))
     await again.next_of("presence.snapshot")
     # The pipe is proven alive after tuan's second connection: mai joins general and connects.
-    mai = await database_sync_to_async(acme.add_user)("mai")
-    await database_sync_to_async(lambda: acme.channels["general"].memberships.create(user=mai))()
+    await add_user(acme, "mai", ("general",))
     mai_socket = await Socket.open(acme.token("mai"))
     assert await linh.wait_changes(3) == [
         {"user": "linh", "state": "online"},
@@ -211,7 +135,7 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
     assert await linh.next_of("presence.snapshot") == {"online": []}
     # The socket still works for everything else.
-    await linh.communicator.send_to(text_data="not json")
+    await linh.send_raw("not json")
     assert (await linh.next_of("error"))["code"] == "invalid_frame"
     await linh.close()
     # The snapshot's read is part of the election's round trip: one failure, logged once.
@@ -320,8 +244,7 @@ async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme,
 
         await application(scope, receive, send_until_gone)
 
-    linh = Socket(WebsocketCommunicator(closing_app, f"/v1/ws?token={acme.token('linh')}"))
-    assert (await linh.communicator.connect(timeout=5))[0]
+    linh = await Socket.open(acme.token("linh"), app=closing_app)
     await linh.wait_changes(1)
     tuan = await Socket.open(acme.token("tuan"))
     await tuan.wait_changes(1)
@@ -465,7 +388,7 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
 
     settings.RELAY_PRESENCE_GRACE_MS = 100
     settings.RELAY_PRESENCE_MARGIN_MS = 50
-    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit", "tuan"))
+    lab = await add_channel(acme, "lab", "private", ("hermit", "tuan"))
     tuan = await Socket.open(acme.token("tuan"))
     hermit = await Socket.open(acme.token("hermit"))
     linh = await Socket.open(acme.token("linh"))
@@ -499,7 +422,7 @@ async def test_two_channels_added_together_announce_the_pair_once(acme, settings
     settings.RELAY_PRESENCE_GRACE_MS = 100
     settings.RELAY_PRESENCE_MARGIN_MS = 50
     lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
-    den = await database_sync_to_async(acme.add_channel)("den", "private", members=("hermit",))
+    den = await add_channel(acme, "den", "private", ("hermit",))
 
     def both_at_once() -> None:
         # Committed together: when each addition is announced, the other is already there.
@@ -522,7 +445,7 @@ async def test_two_channels_added_together_announce_the_pair_once(acme, settings
 
 async def _hermit_alone_in_lab_and_linh_online(acme) -> tuple:
     """A new channel "lab" with hermit alone in it, and both hermit and linh connected."""
-    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))
+    lab = await add_channel(acme, "lab", "private", ("hermit",))
     hermit = await Socket.open(acme.token("hermit"))
     assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
     linh = await Socket.open(acme.token("linh"))
@@ -576,7 +499,7 @@ async def test_a_membership_changed_outside_the_api_takes_effect_live(acme):
     from relay.models import Membership
 
     fleet, general = acme.channels["fleet"], acme.channels["general"]
-    lab = await database_sync_to_async(acme.add_channel)("lab", "private", members=("hermit",))
+    lab = await add_channel(acme, "lab", "private", ("hermit",))
     tuan = await Socket.open(acme.token("tuan"))
     hermit = await Socket.open(acme.token("hermit"))
     assert await tuan.wait_changes(1) == [{"user": "tuan", "state": "online"}]

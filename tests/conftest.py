@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Redis, tenants with their personas, API clients and live instances.
+"""Shared fixtures: a real Redis, tenants with their personas, API clients, live instances and clocks.
 
 Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
 "fleet" (private) and "general" (public); "hermit" belongs to nothing. Tenant
@@ -23,7 +23,7 @@ from presence import actions as presence_actions
 from relay import tokens
 from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for
-from tests.support import Instance, Tenant, database_url, instance_env, new_instance
+from tests.support import Instance, ManualClock, Tenant, database_url, instance_env, new_instance
 
 # Each phase's report ("setup", "call", "teardown"), so a fixture's teardown can tell
 # that its test failed (the browser tests keep screenshots of failures).
@@ -198,3 +198,15 @@ async def close_presence_service() -> AsyncIterator[None]:
 def empty_secret_cache() -> None:
     """Start with no environment's signing secret cached in this process."""
     tokens._environments.clear()
+
+
+@pytest.fixture
+def presence_clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    """Presence's clock for this test, moved by hand (`advance`) instead of slept on.
+
+    The test loop's presence service takes it when the test's first connection creates the
+    service. Redis keeps its own time: a key the service re-pins still expires for real.
+    """
+    clock = ManualClock()
+    monkeypatch.setattr(presence_actions, "clock", clock)
+    return clock

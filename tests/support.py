@@ -1,15 +1,16 @@
-"""Test support: the tenants, the sockets that record every frame, live instances and the waits.
+"""Test support: the tenants, the sockets that record every frame, live instances, the waits and the clocks.
 
 Two kinds of socket are read the same way (FrameRecorder): `Socket` talks to relay.asgi in this
 process, `WsClient` is a real WebSocket client of a live instance. Multi-instance behaviour is
 tested the way seed 004's integration suite does it: several real Daphne processes on one real
 Redis and one database file, with timings scaled down through the same environment variables an
-operator sets.
+operator sets. In one process, presence's time is a ManualClock.
 """
 
 import abc
 import asyncio
 import contextlib
+import heapq
 import itertools
 import json
 import os
@@ -484,3 +485,51 @@ def lines(instances: list[Instance], event: str, **fields: Any) -> list[dict]:
 def events(caplog: pytest.LogCaptureFixture, event: str) -> list[dict]:
     """The fields of every `event` logged in this process (relay.logging's records), in order."""
     return [event_fields(record) for record in caplog.records if record.getMessage() == event]
+
+
+# ── clocks ────────────────────────────────────────────────────────────────────
+class ManualTimer:
+    """A ManualClock's pending call, cancellable as an event loop's timer is."""
+
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when = when
+        self.callback = callback
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+
+class ManualClock:
+    """Presence's clock (presence.clock.Clock) moved by hand: nothing it schedules runs until `advance`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._timers: list[tuple[float, int, ManualTimer]] = []
+        self._order = itertools.count()
+
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> ManualTimer:
+        """Register `callback` to run when `advance` has moved time `seconds` past now."""
+        timer = ManualTimer(self.now + seconds, callback)
+        heapq.heappush(self._timers, (timer.when, next(self._order), timer))
+        return timer
+
+    async def sleep(self, seconds: float) -> None:
+        """Return once `advance` has moved time `seconds` past now."""
+        woken = asyncio.get_running_loop().create_future()
+        # done() when the sleeper was cancelled meanwhile (a service that stopped its refresh).
+        self.call_later(seconds, lambda: woken.done() or woken.set_result(None))
+        await woken
+
+    def advance(self, seconds: float) -> None:
+        """Move time on by `seconds`, running every timer that falls due, soonest first (ties in order made)."""
+        target = self.now + seconds
+        while self._timers and self._timers[0][0] <= target:
+            when, _, timer = heapq.heappop(self._timers)
+            self.now = when
+            if not timer.cancelled():
+                timer.callback()
+        self.now = target

@@ -1,13 +1,20 @@
-"""Presence inside one process: snapshot, self-delivery, dedup, fabric validation, HTTP, admin, shutdown.
+"""Presence inside one process: snapshot, self-delivery, dedup, fabric validation, the grace, live
+membership, HTTP, admin, shutdown.
 
 The cast (tests/conftest.py): in acme, linh and tuan share "fleet" (private) and "general"
 (public); hermit belongs to nothing. globex has its own linh and zed in "board".
+
+The grace runs on a ManualClock (`presence_clock`): a close re-pins the user's key to a 1 ms grace,
+which Redis expires in real time, and the grace check waits for the clock; `run_grace_check` proves
+it did not run early, then moves the clock to it.
 """
 
 import asyncio
+import json
 import uuid
 
 import pytest
+import redis
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -20,9 +27,32 @@ from presence.actions import CLOSE_TOO_MANY_CONNECTIONS
 from presence.fabric import group_name, transition_message
 from presence.store import connections_key, presence_key
 from relay.asgi import application
-from tests.support import Socket, add_channel, add_user, events
+from tests.support import ManualClock, Socket, Tenant, add_channel, add_user, barrier, close_all, events, until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
+
+
+def published(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    """(user, state) of every transition this process published, in order."""
+    return [(e["user"], e["state"]) for e in events(caplog, "presence.published")]
+
+
+async def run_grace_check(
+    clock: ManualClock, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, tenant: Tenant, user_id: str
+) -> None:
+    """Once Redis has expired `user_id`'s re-pinned key, prove the grace check still waits, then run it.
+
+    Until the clock reaches grace + margin the check stays pending and no `offline` is published,
+    though the key is gone and a check that ran would publish one.
+    """
+    subject = (str(tenant.environment.id), user_id)
+    await until(lambda: not redis_client.exists(presence_key(*subject)))
+    service = actions.service()
+    clock.advance(service.timings.check_delay / 1000 - 0.001)
+    assert subject in service.pending
+    assert (user_id, "offline") not in published(caplog)
+    clock.advance(0.002)
+    assert subject not in service.pending
 
 
 async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_user(acme):
@@ -145,10 +175,9 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
 
 @pytest.mark.parametrize("same_redis", [True, False], ids=["published-by-the-scripts", "published-by-the-layer"])
 async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
-    acme, settings, redis_url, caplog, same_redis
+    acme, settings, redis_url, redis_client, presence_clock, caplog, same_redis
 ):
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     if not same_redis:
         # The same server under another name: to presence, a Redis the layer's groups are not on.
         settings.RELAY_PRESENCE_REDIS_URL = redis_url.replace("127.0.0.1", "localhost")
@@ -158,16 +187,17 @@ async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
     tuan = await Socket.open(acme.token("tuan"))
     await linh.wait_changes(2)
     await tuan.close()
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
     tuan_changes = (await linh.wait_changes(3))[1:]
     assert tuan_changes == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
     await linh.close()
-    published = [(e["user"], e["state"]) for e in events(caplog, "presence.published")]
-    assert published == [("linh", "online"), ("tuan", "online"), ("tuan", "offline")]
+    assert published(caplog) == [("linh", "online"), ("tuan", "online"), ("tuan", "offline")]
 
 
-async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(acme, settings, monkeypatch):
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
+    acme, settings, monkeypatch, redis_client, presence_clock, caplog
+):
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     linh = await Socket.open(acme.token("linh"))
     tuan = await Socket.open(acme.token("tuan"))
     await linh.wait_changes(2)
@@ -184,16 +214,17 @@ async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     tick = asyncio.ensure_future(service.tick())
     await built.wait()
     close = asyncio.ensure_future(tuan.close())
-    await asyncio.sleep(0.03)  # the close is under way; the refresh lands well inside its grace
+    await asyncio.sleep(0.03)  # the close is under way; the refresh is answered after it began
     answer.set()
     await asyncio.gather(tick, close)
-    # Had the release gone first, the late refresh would have put tuan's slot back and stretched
-    # the key to the TTL: the grace check would have found him online, and said nothing.
+    # Had the release gone first, the late refresh would have put tuan's slot back and kept the
+    # key for the TTL: the grace check would have found him online, and said nothing.
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
     changes = await linh.wait_changes(3)
     assert changes[2:] == [{"user": "tuan", "state": "offline"}]
-    await asyncio.sleep(0.3)
+    probe = await barrier(None, acme, [linh])
     assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
-    await linh.close()
+    await close_all(linh, probe)
 
 
 async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme, monkeypatch, caplog):
@@ -230,15 +261,18 @@ async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme
         await socket.close()
 
 
-async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme, settings, caplog):
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(
+    acme, settings, redis_client, presence_clock, caplog
+):
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     gone = asyncio.Event()
+    refused: list[dict] = []
 
     async def closing_app(scope, receive, send):
         async def send_until_gone(message):
             # What Daphne does once the client has closed, before the consumer has heard of it.
             if gone.is_set() and message["type"] == "websocket.send":
+                refused.append(json.loads(message["text"]))
                 raise Disconnected("Attempt to send on a closed protocol")
             await send(message)
 
@@ -250,30 +284,35 @@ async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme,
     await tuan.wait_changes(1)
     gone.set()
     await tuan.close()  # its offline is a frame for linh's socket that is gone
-    await asyncio.sleep(0.4)
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
+    await until(lambda: {"type": "presence.changed", "payload": {"user": "tuan", "state": "offline"}} in refused)
     await linh.close()
-    await asyncio.sleep(0.4)
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
+    await until(lambda: ("linh", "offline") in published(caplog))
     # Linh's consumer lived on to run its close: her own offline follows tuan's.
-    published = [(e["user"], e["state"]) for e in events(caplog, "presence.published")]
-    assert published == [("linh", "online"), ("tuan", "online"), ("tuan", "offline"), ("linh", "offline")]
+    assert published(caplog) == [("linh", "online"), ("tuan", "online"), ("tuan", "offline"), ("linh", "offline")]
 
 
-async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothing(acme, settings, caplog):
-    settings.RELAY_PRESENCE_GRACE_MS = 200
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothing(
+    acme, settings, redis_client, presence_clock, caplog
+):
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     tuan = await Socket.open(acme.token("tuan"))
     await tuan.next_of("presence.changed")
     await tuan.close()
     service = actions.service()
     assert list(service.pending) == [(str(acme.environment.id), "tuan")]
+    (check,) = service.pending.values()
+    # The key is gone: a check that ran now would publish `offline`.
+    await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
     await service.close()
-    await asyncio.sleep(0.5)
-    assert [(e["user"], e["state"]) for e in events(caplog, "presence.published")] == [("tuan", "online")]
+    assert check.cancelled()
+    presence_clock.advance(service.timings.check_delay / 1000)
+    assert published(caplog) == [("tuan", "online")]
 
 
-async def test_no_transition_writes_a_database_row(acme, settings):
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+async def test_no_transition_writes_a_database_row(acme, settings, redis_client, presence_clock, caplog):
+    settings.RELAY_PRESENCE_GRACE_MS = 1
 
     @database_sync_to_async
     def rows() -> dict[str, int]:
@@ -284,6 +323,7 @@ async def test_no_transition_writes_a_database_row(acme, settings):
     tuan = await Socket.open(acme.token("tuan"))
     await linh.next_of("presence.changed", after=3)
     await tuan.close()
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
     assert await linh.next_of("presence.changed", after=4, timeout=5) == {"user": "tuan", "state": "offline"}
     assert await rows() == before
     await linh.close()
@@ -354,11 +394,12 @@ async def test_a_membership_removed_while_connecting_still_takes_effect(acme, mo
     await linh.close()
 
 
-async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_is_online(acme, settings):
+async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_is_online(
+    acme, settings, redis_client, presence_clock, caplog
+):
     from relay import membership
 
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     linh = await Socket.open(acme.token("linh"))
     await linh.wait_changes(1)
@@ -373,6 +414,7 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
     tuan = await Socket.open(acme.token("tuan"))
     await tuan.next_of("presence.snapshot")
     await tuan.close()
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
     # tuan's own transitions reach him once each, though they share two channels now.
     assert await hermit.wait_changes(3) == [
         {"user": "linh", "state": "online"},
@@ -383,11 +425,12 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
         await socket.close()
 
 
-async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see_them(acme, settings, caplog):
+async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see_them(
+    acme, settings, redis_client, presence_clock, caplog
+):
     from relay import membership
 
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     lab = await add_channel(acme, "lab", "private", ("hermit", "tuan"))
     tuan = await Socket.open(acme.token("tuan"))
     hermit = await Socket.open(acme.token("hermit"))
@@ -406,6 +449,7 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
         {"user": "linh", "state": "online"},
     ]
     await linh.close()
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
     # Her departure reaches both, once each.
     assert (await hermit.wait_changes(3))[2:] == [{"user": "linh", "state": "offline"}]
     assert (await tuan.wait_changes(4))[3:] == [{"user": "linh", "state": "offline"}]
@@ -414,13 +458,12 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
         await socket.close()
 
 
-async def test_two_channels_added_together_announce_the_pair_once(acme, settings, caplog):
+async def test_two_channels_added_together_announce_the_pair_once(acme, settings, redis_client, presence_clock, caplog):
     from django.db import transaction
 
     from relay import membership
 
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
     den = await add_channel(acme, "den", "private", ("hermit",))
 
@@ -436,6 +479,7 @@ async def test_two_channels_added_together_announce_the_pair_once(acme, settings
     assert await linh.wait_changes(2) == [{"user": "linh", "state": "online"}, {"user": "hermit", "state": "online"}]
     assert [(e["user"], e["watchers"]) for e in events(caplog, "presence.announced")] == [("linh", 1)]
     await linh.close()
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
     assert (await hermit.wait_changes(3))[1:] == [
         {"user": "linh", "state": "online"},
         {"user": "linh", "state": "offline"},
@@ -453,11 +497,13 @@ async def _hermit_alone_in_lab_and_linh_online(acme) -> tuple:
     return lab, hermit, linh
 
 
-async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(acme, settings):
+async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(
+    acme, settings, redis_client, presence_clock, caplog
+):
     from relay import membership
 
+    # Her key must outlive the announcement below, so it keeps a grace Redis takes a moment over.
     settings.RELAY_PRESENCE_GRACE_MS = 300
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
     lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
     await linh.close()
     # Inside her grace she is still online, so lab's hermit hears her announced ...
@@ -465,6 +511,7 @@ async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(ac
     assert (await hermit.wait_changes(2))[1:] == [{"user": "linh", "state": "online"}]
     # ... and her `offline`, decided after the grace, goes to lab too although her connection
     # closed before she joined it: no ghost.
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
     assert (await hermit.wait_changes(3))[1:] == [
         {"user": "linh", "state": "online"},
         {"user": "linh", "state": "offline"},
@@ -472,12 +519,13 @@ async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(ac
     await hermit.close()
 
 
-async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_the_close(acme, settings, monkeypatch):
+async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_the_close(
+    acme, settings, monkeypatch, redis_client, presence_clock, caplog
+):
     from relay import membership
     from relay.consumers import GatewayConsumer
 
-    settings.RELAY_PRESENCE_GRACE_MS = 100
-    settings.RELAY_PRESENCE_MARGIN_MS = 50
+    settings.RELAY_PRESENCE_GRACE_MS = 1
     lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
 
     async def still_queued(self, event: dict) -> None:
@@ -487,6 +535,7 @@ async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_t
     await database_sync_to_async(membership.add_member)(lab, acme.users["linh"])
     assert (await hermit.wait_changes(2))[1:] == [{"user": "linh", "state": "online"}]
     await linh.close()
+    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
     # Her connection never knew of lab, yet the `offline` goes there: no ghost.
     assert (await hermit.wait_changes(3))[1:] == [
         {"user": "linh", "state": "online"},

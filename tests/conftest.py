@@ -18,12 +18,13 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from django.test import Client
 
+from agents import actions as agents_actions
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions as presence_actions
 from relay import tokens
 from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for
-from tests.support import Instance, ManualClock, Tenant, database_url, instance_env, new_instance
+from tests.support import FrozenClock, Instance, ManualClock, Tenant, database_url, instance_env, new_instance
 
 # Each phase's report ("setup", "call", "teardown"), so a fixture's teardown can tell
 # that its test failed (the browser tests keep screenshots of failures).
@@ -209,4 +210,12 @@ def presence_clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
     """
     clock = ManualClock()
     monkeypatch.setattr(presence_actions, "clock", clock)
+    return clock
+
+
+@pytest.fixture
+def agents_clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
+    """The agent registry's clock, frozen at T0 and moved by hand: no test sleeps for a TTL."""
+    clock = FrozenClock()
+    monkeypatch.setattr(agents_actions, "clock", clock)
     return clock

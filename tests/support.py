@@ -4,7 +4,7 @@ Two kinds of socket are read the same way (FrameRecorder): `Socket` talks to rel
 process, `WsClient` is a real WebSocket client of a live instance. Multi-instance behaviour is
 tested the way seed 004's integration suite does it: several real Daphne processes on one real
 Redis and one database file, with timings scaled down through the same environment variables an
-operator sets. In one process, presence's time is a ManualClock.
+operator sets. In one process, presence's time is a ManualClock and the registry's a FrozenClock.
 """
 
 import abc
@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -533,3 +534,22 @@ class ManualClock:
             if not timer.cancelled():
                 timer.callback()
         self.now = target
+
+
+# The moment the agent registry's FrozenClock starts at.
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+class FrozenClock:
+    """The agent registry's clock (agents.actions.clock), frozen at `now` and moved by hand."""
+
+    def __init__(self, now: datetime = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> datetime:
+        """Move `now` on by `timedelta(**delta)` and return it."""
+        self.now += timedelta(**delta)
+        return self.now

@@ -16,9 +16,8 @@ from agents.actions import do_heartbeat, do_register, sweep_stale
 from agents.models import Registration
 from agents.sweeper import Sweeper, sweeper
 from relay.frames import Capability
-from tests.support import events, next_frame, open_communicator
+from tests.support import T0, events, next_frame, open_communicator
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(milliseconds=30_000)
 
 
@@ -125,13 +124,6 @@ def test_sweepagents_refuses_a_ttl_below_one_and_removes_nothing(acme):
 
 
 # ── the per-instance periodic sweep ──────────────────────────────────────────
-@pytest.fixture
-def frozen_clock(monkeypatch):
-    moment = {"now": T0}
-    monkeypatch.setattr(actions, "clock", lambda: moment["now"])
-    return moment
-
-
 # database_sync_to_async, not the async ORM: it closes its connection after each call, so
 # PostgreSQL can drop the test database at the end of the session.
 registered = database_sync_to_async(instances)
@@ -146,7 +138,7 @@ async def wait_for_instances(expected: set[str], timeout: float = 10.0) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_workers(acme, settings, frozen_clock):
+async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_workers(acme, settings, agents_clock):
     settings.RELAY_AGENT_TTL_MS = 30_000
     settings.RELAY_AGENT_SWEEP_MS = 50
     linh = await open_communicator(acme.token("linh"))
@@ -156,11 +148,11 @@ async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_work
         assert (await next_frame(linh))["type"] == "register.ack"
     assert sweeper.task is not None and not sweeper.task.done()
 
-    frozen_clock["now"] = T0 + timedelta(seconds=20)
+    agents_clock.now = T0 + timedelta(seconds=20)
     await linh.send_json_to({"type": "heartbeat", "payload": {"instance": "beating"}})
     await linh.send_json_to({"type": "register", "payload": {"instance": "probe"}})
     await next_frame(linh)
-    frozen_clock["now"] = T0 + TTL + timedelta(seconds=1)
+    agents_clock.now = T0 + TTL + timedelta(seconds=1)
     await wait_for_instances({"beating", "probe"})
 
     # The disconnect removes nothing; only the sweep does.
@@ -171,11 +163,11 @@ async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_work
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_failing_sweep_is_logged_and_the_next_one_runs(acme, settings, frozen_clock, monkeypatch, caplog):
+async def test_a_failing_sweep_is_logged_and_the_next_one_runs(acme, settings, agents_clock, monkeypatch, caplog):
     settings.RELAY_AGENT_SWEEP_MS = 20
     settings.RELAY_AGENT_TTL_MS = 30_000
     await database_sync_to_async(register)(acme, "linh", "silent")
-    frozen_clock["now"] = T0 + TTL + timedelta(seconds=1)
+    agents_clock.now = T0 + TTL + timedelta(seconds=1)
     working = actions.sweep_stale
     failures = []
 

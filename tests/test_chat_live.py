@@ -1,4 +1,4 @@
-"""Messages across real Daphne processes on one Redis and one database file.
+"""Chat across real Daphne processes on one Redis and one database file: fan-out, resends, refusals, seqs, resume.
 
 Cast (conftest): in acme, linh and tuan share fleet and general; hermit belongs to
 nothing. globex's linh and zed share board.

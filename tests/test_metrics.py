@@ -1,4 +1,4 @@
-"""/metrics: every family issue 7 names is scraped, and moves when its event happens."""
+"""/metrics: Relay's Prometheus families are scraped, and each moves when its event happens."""
 
 import uuid
 from datetime import timedelta

@@ -7,7 +7,7 @@ Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
 
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,10 +21,21 @@ from django.test import Client
 from agents import actions as agents_actions
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions as presence_actions
+from presence.store import presence_key
 from relay import tokens
 from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for
-from tests.support import FrozenClock, Instance, ManualClock, Tenant, database_url, instance_env, new_instance
+from tests.support import (
+    FrozenClock,
+    Instance,
+    ManualClock,
+    Tenant,
+    database_url,
+    instance_env,
+    new_instance,
+    published,
+    until,
+)
 
 # Each phase's report ("setup", "call", "teardown"), so a fixture's teardown can tell
 # that its test failed (the browser tests keep screenshots of failures).
@@ -211,6 +222,30 @@ def presence_clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
     clock = ManualClock()
     monkeypatch.setattr(presence_actions, "clock", clock)
     return clock
+
+
+@pytest.fixture
+def run_grace_check(
+    presence_clock: ManualClock, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> Callable[[Tenant, str], Awaitable[None]]:
+    """Run a user's pending grace check on `presence_clock`, once it is proven to wait for the clock.
+
+    For a test with a tiny RELAY_PRESENCE_GRACE_MS, after the user's last close: once Redis has
+    expired the re-pinned key (a check that ran now would publish `offline`), the check must stay
+    pending, with no `offline` published, until the clock reaches grace + margin; then it runs.
+    """
+
+    async def run(tenant: Tenant, user_id: str) -> None:
+        subject = (str(tenant.environment.id), user_id)
+        await until(lambda: not redis_client.exists(presence_key(*subject)))
+        service = presence_actions.service()
+        presence_clock.advance(service.timings.check_delay / 1000 - 0.001)
+        assert subject in service.pending
+        assert (user_id, "offline") not in published(caplog)
+        presence_clock.advance(0.002)
+        assert subject not in service.pending
+
+    return run
 
 
 @pytest.fixture

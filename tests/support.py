@@ -488,6 +488,11 @@ def events(caplog: pytest.LogCaptureFixture, event: str) -> list[dict]:
     return [event_fields(record) for record in caplog.records if record.getMessage() == event]
 
 
+def published(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    """(user, state) of every presence transition this process published, in order."""
+    return [(line["user"], line["state"]) for line in events(caplog, "presence.published")]
+
+
 # ── clocks ────────────────────────────────────────────────────────────────────
 class ManualTimer:
     """A ManualClock's pending call, cancellable as an event loop's timer is."""

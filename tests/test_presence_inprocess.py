@@ -5,8 +5,8 @@ The cast (tests/conftest.py): in acme, linh and tuan share "fleet" (private) and
 (public); hermit belongs to nothing. globex has its own linh and zed in "board".
 
 The grace runs on a ManualClock (`presence_clock`): a close re-pins the user's key to a 1 ms grace,
-which Redis expires in real time, and the grace check waits for the clock; `run_grace_check` proves
-it did not run early, then moves the clock to it.
+which Redis expires in real time, and the grace check waits for the clock; the `run_grace_check`
+fixture proves it did not run early, then moves the clock to it.
 """
 
 import asyncio
@@ -14,7 +14,6 @@ import json
 import uuid
 
 import pytest
-import redis
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -27,32 +26,9 @@ from presence.actions import CLOSE_TOO_MANY_CONNECTIONS
 from presence.fabric import group_name, transition_message
 from presence.store import connections_key, presence_key
 from relay.asgi import application
-from tests.support import ManualClock, Socket, Tenant, add_channel, add_user, barrier, close_all, events, until
+from tests.support import Socket, add_channel, add_user, barrier, close_all, events, published, until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
-
-
-def published(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
-    """(user, state) of every transition this process published, in order."""
-    return [(e["user"], e["state"]) for e in events(caplog, "presence.published")]
-
-
-async def run_grace_check(
-    clock: ManualClock, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, tenant: Tenant, user_id: str
-) -> None:
-    """Once Redis has expired `user_id`'s re-pinned key, prove the grace check still waits, then run it.
-
-    Until the clock reaches grace + margin the check stays pending and no `offline` is published,
-    though the key is gone and a check that ran would publish one.
-    """
-    subject = (str(tenant.environment.id), user_id)
-    await until(lambda: not redis_client.exists(presence_key(*subject)))
-    service = actions.service()
-    clock.advance(service.timings.check_delay / 1000 - 0.001)
-    assert subject in service.pending
-    assert (user_id, "offline") not in published(caplog)
-    clock.advance(0.002)
-    assert subject not in service.pending
 
 
 async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_user(acme):
@@ -175,7 +151,7 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
 
 @pytest.mark.parametrize("same_redis", [True, False], ids=["published-by-the-scripts", "published-by-the-layer"])
 async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
-    acme, settings, redis_url, redis_client, presence_clock, caplog, same_redis
+    acme, settings, redis_url, caplog, same_redis, run_grace_check
 ):
     settings.RELAY_PRESENCE_GRACE_MS = 1
     if not same_redis:
@@ -187,7 +163,7 @@ async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
     tuan = await Socket.open(acme.token("tuan"))
     await linh.wait_changes(2)
     await tuan.close()
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
+    await run_grace_check(acme, "tuan")
     tuan_changes = (await linh.wait_changes(3))[1:]
     assert tuan_changes == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
     await linh.close()
@@ -195,7 +171,7 @@ async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
 
 
 async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
-    acme, settings, monkeypatch, redis_client, presence_clock, caplog
+    acme, settings, monkeypatch, run_grace_check
 ):
     settings.RELAY_PRESENCE_GRACE_MS = 1
     linh = await Socket.open(acme.token("linh"))
@@ -219,7 +195,7 @@ async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     await asyncio.gather(tick, close)
     # Had the release gone first, the late refresh would have put tuan's slot back and kept the
     # key for the TTL: the grace check would have found him online, and said nothing.
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
+    await run_grace_check(acme, "tuan")
     changes = await linh.wait_changes(3)
     assert changes[2:] == [{"user": "tuan", "state": "offline"}]
     probe = await barrier(None, acme, [linh])
@@ -261,9 +237,7 @@ async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme
         await socket.close()
 
 
-async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(
-    acme, settings, redis_client, presence_clock, caplog
-):
+async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme, settings, caplog, run_grace_check):
     settings.RELAY_PRESENCE_GRACE_MS = 1
     gone = asyncio.Event()
     refused: list[dict] = []
@@ -284,10 +258,10 @@ async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(
     await tuan.wait_changes(1)
     gone.set()
     await tuan.close()  # its offline is a frame for linh's socket that is gone
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
+    await run_grace_check(acme, "tuan")
     await until(lambda: {"type": "presence.changed", "payload": {"user": "tuan", "state": "offline"}} in refused)
     await linh.close()
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
+    await run_grace_check(acme, "linh")
     await until(lambda: ("linh", "offline") in published(caplog))
     # Linh's consumer lived on to run its close: her own offline follows tuan's.
     assert published(caplog) == [("linh", "online"), ("tuan", "online"), ("tuan", "offline"), ("linh", "offline")]
@@ -311,7 +285,7 @@ async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothi
     assert published(caplog) == [("tuan", "online")]
 
 
-async def test_no_transition_writes_a_database_row(acme, settings, redis_client, presence_clock, caplog):
+async def test_no_transition_writes_a_database_row(acme, settings, run_grace_check):
     settings.RELAY_PRESENCE_GRACE_MS = 1
 
     @database_sync_to_async
@@ -323,7 +297,7 @@ async def test_no_transition_writes_a_database_row(acme, settings, redis_client,
     tuan = await Socket.open(acme.token("tuan"))
     await linh.next_of("presence.changed", after=3)
     await tuan.close()
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
+    await run_grace_check(acme, "tuan")
     assert await linh.next_of("presence.changed", after=4, timeout=5) == {"user": "tuan", "state": "offline"}
     assert await rows() == before
     await linh.close()
@@ -395,7 +369,7 @@ async def test_a_membership_removed_while_connecting_still_takes_effect(acme, mo
 
 
 async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_is_online(
-    acme, settings, redis_client, presence_clock, caplog
+    acme, settings, run_grace_check
 ):
     from relay import membership
 
@@ -414,7 +388,7 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
     tuan = await Socket.open(acme.token("tuan"))
     await tuan.next_of("presence.snapshot")
     await tuan.close()
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "tuan")
+    await run_grace_check(acme, "tuan")
     # tuan's own transitions reach him once each, though they share two channels now.
     assert await hermit.wait_changes(3) == [
         {"user": "linh", "state": "online"},
@@ -426,7 +400,7 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
 
 
 async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see_them(
-    acme, settings, redis_client, presence_clock, caplog
+    acme, settings, caplog, run_grace_check
 ):
     from relay import membership
 
@@ -449,7 +423,7 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
         {"user": "linh", "state": "online"},
     ]
     await linh.close()
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
+    await run_grace_check(acme, "linh")
     # Her departure reaches both, once each.
     assert (await hermit.wait_changes(3))[2:] == [{"user": "linh", "state": "offline"}]
     assert (await tuan.wait_changes(4))[3:] == [{"user": "linh", "state": "offline"}]
@@ -458,7 +432,7 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
         await socket.close()
 
 
-async def test_two_channels_added_together_announce_the_pair_once(acme, settings, redis_client, presence_clock, caplog):
+async def test_two_channels_added_together_announce_the_pair_once(acme, settings, caplog, run_grace_check):
     from django.db import transaction
 
     from relay import membership
@@ -479,7 +453,7 @@ async def test_two_channels_added_together_announce_the_pair_once(acme, settings
     assert await linh.wait_changes(2) == [{"user": "linh", "state": "online"}, {"user": "hermit", "state": "online"}]
     assert [(e["user"], e["watchers"]) for e in events(caplog, "presence.announced")] == [("linh", 1)]
     await linh.close()
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
+    await run_grace_check(acme, "linh")
     assert (await hermit.wait_changes(3))[1:] == [
         {"user": "linh", "state": "online"},
         {"user": "linh", "state": "offline"},
@@ -497,9 +471,7 @@ async def _hermit_alone_in_lab_and_linh_online(acme) -> tuple:
     return lab, hermit, linh
 
 
-async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(
-    acme, settings, redis_client, presence_clock, caplog
-):
+async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(acme, settings, run_grace_check):
     from relay import membership
 
     # Her key must outlive the announcement below, so it keeps a grace Redis takes a moment over.
@@ -511,7 +483,7 @@ async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(
     assert (await hermit.wait_changes(2))[1:] == [{"user": "linh", "state": "online"}]
     # ... and her `offline`, decided after the grace, goes to lab too although her connection
     # closed before she joined it: no ghost.
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
+    await run_grace_check(acme, "linh")
     assert (await hermit.wait_changes(3))[1:] == [
         {"user": "linh", "state": "online"},
         {"user": "linh", "state": "offline"},
@@ -520,7 +492,7 @@ async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(
 
 
 async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_the_close(
-    acme, settings, monkeypatch, redis_client, presence_clock, caplog
+    acme, settings, monkeypatch, run_grace_check
 ):
     from relay import membership
     from relay.consumers import GatewayConsumer
@@ -535,7 +507,7 @@ async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_t
     await database_sync_to_async(membership.add_member)(lab, acme.users["linh"])
     assert (await hermit.wait_changes(2))[1:] == [{"user": "linh", "state": "online"}]
     await linh.close()
-    await run_grace_check(presence_clock, redis_client, caplog, acme, "linh")
+    await run_grace_check(acme, "linh")
     # Her connection never knew of lab, yet the `offline` goes there: no ghost.
     assert (await hermit.wait_changes(3))[1:] == [
         {"user": "linh", "state": "online"},

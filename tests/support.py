@@ -402,7 +402,7 @@ async def nothing_but(communicator: Any, timeout: float = 0.2, skip: str = "pres
     return True
 
 
-# ── live steps: connect, hear, prove silence ─────────────────────────────────
+# ── steps: connect, hear, prove silence, wait ────────────────────────────────
 async def connect(instance: Instance, tenant: Tenant, user_id: str, cursor: dict | None = None) -> WsClient:
     """Open a live socket and wait for its snapshot: its groups are joined and its election is done."""
     client = await WsClient.open(instance.ws_url(tenant.token(user_id), cursor))
@@ -427,11 +427,11 @@ _probes = itertools.count()
 async def barrier(
     instance: Instance | None, tenant: Tenant, watchers: list[FrameRecorder], channel: str = "general"
 ) -> FrameRecorder:
-    """Connect a fresh probe sharing `channel` (on `instance`, or in-process when None); return
-    once every watcher heard its `online`.
+    """Connect a fresh probe sharing `channel`; return once every watcher heard its `online`.
 
-    The probe's `online` was published after anything a test then rules out, and one watcher's
-    socket delivers in publish order: an unwanted frame would already be there.
+    The probe connects to `instance`, or in this process when it is None. Its `online` was
+    published after anything a test then rules out, and one watcher's socket delivers in publish
+    order: an unwanted frame would already be there.
     """
     probe = f"probe-{next(_probes)}"
     await add_user(tenant, probe, (channel,))
@@ -457,7 +457,7 @@ async def until(condition: Callable[[], Any], timeout: float = WAIT, interval: f
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(f"condition not met in {timeout}s")
         await asyncio.sleep(interval)
 
 

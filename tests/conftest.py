@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Redis, tenants with their personas, API and WebSocket clients.
+"""Shared fixtures: a real Redis, tenants with their personas, API clients, live instances and clocks.
 
 Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
 "fleet" (private) and "general" (public); "hermit" belongs to nothing. Tenant
@@ -7,8 +7,7 @@ Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,24 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from django.test import Client
 
+from agents import actions as agents_actions
 from devtools.embedded_redis import EmbeddedRedis
-from relay.models import ApiKey, Channel, Environment, Membership, User
+from presence import actions as presence_actions
+from presence.store import presence_key
+from relay import tokens
+from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for
-from relay.tokens import mint_token
-from tests.support import Instance, database_url, instance_env, new_instance
+from tests.support import (
+    FrozenClock,
+    Instance,
+    ManualClock,
+    Tenant,
+    database_url,
+    instance_env,
+    new_instance,
+    published,
+    until,
+)
 
 # Each phase's report ("setup", "call", "teardown"), so a fixture's teardown can tell
 # that its test failed (the browser tests keep screenshots of failures).
@@ -104,31 +116,6 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     client.close()
-
-
-@dataclass
-class Tenant:
-    """An environment with its API key, users by id and channels by name."""
-
-    environment: Environment
-    api_key: str
-    users: dict[str, User] = field(default_factory=dict)
-    channels: dict[str, Channel] = field(default_factory=dict)
-
-    def add_user(self, user_id: str, name: str = "") -> User:
-        user = User.objects.create(environment=self.environment, external_id=user_id, name=name or user_id.title())
-        self.users[user_id] = user
-        return user
-
-    def add_channel(self, name: str, kind: str = "public", members: tuple[str, ...] = ()) -> Channel:
-        channel = Channel.objects.create(environment=self.environment, name=name, type=kind)
-        for user_id in members:
-            Membership.objects.create(channel=channel, user=self.users[user_id])
-        self.channels[name] = channel
-        return channel
-
-    def token(self, user_id: str, ttl_seconds: int = 3600) -> str:
-        return mint_token(self.environment, user_id, ttl_seconds)[0]
 
 
 @pytest.fixture
@@ -213,3 +200,60 @@ def live_instances(transactional_db: None, redis_url: str, tmp_path: Path) -> It
     yield start
     for instance in started:
         instance.stop()
+
+
+@pytest.fixture
+async def close_presence_service() -> AsyncIterator[None]:
+    """Stop the test loop's presence service when the test ends: its timers, tasks and Redis client."""
+    yield
+    await presence_actions.service().close()
+
+
+@pytest.fixture
+def empty_secret_cache() -> None:
+    """Start with no environment's signing secret cached in this process."""
+    tokens._environments.clear()
+
+
+@pytest.fixture
+def presence_clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    """Presence's clock for this test, moved by hand (`advance`) instead of slept on.
+
+    The test loop's presence service takes it when the test's first connection creates the
+    service. Redis keeps its own time: a key the service re-pins still expires for real.
+    """
+    clock = ManualClock()
+    monkeypatch.setattr(presence_actions, "clock", clock)
+    return clock
+
+
+@pytest.fixture
+def run_grace_check(
+    presence_clock: ManualClock, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> Callable[[Tenant, str], Awaitable[None]]:
+    """Run a user's pending grace check on `presence_clock`, once it is proven to wait for the clock.
+
+    For a test with a tiny RELAY_PRESENCE_GRACE_MS, after the user's last close: once Redis has
+    expired the re-pinned key (a check that ran now would publish `offline`), the check must stay
+    pending, with no `offline` published, until the clock reaches grace + margin; then it runs.
+    """
+
+    async def run(tenant: Tenant, user_id: str) -> None:
+        subject = (str(tenant.environment.id), user_id)
+        await until(lambda: not redis_client.exists(presence_key(*subject)))
+        service = presence_actions.service()
+        presence_clock.advance(service.timings.check_delay / 1000 - 0.001)
+        assert subject in service.pending
+        assert (user_id, "offline") not in published(caplog)
+        presence_clock.advance(0.002)
+        assert subject not in service.pending
+
+    return run
+
+
+@pytest.fixture
+def agents_clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
+    """The agent registry's clock, frozen at T0 and moved by hand: no test sleeps for a TTL."""
+    clock = FrozenClock()
+    monkeypatch.setattr(agents_actions, "clock", clock)
+    return clock

@@ -6,7 +6,6 @@ instance ids are per tenant.
 """
 
 import json
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from channels.db import database_sync_to_async
@@ -18,14 +17,10 @@ from agents import actions
 from agents.models import Registration
 from agents.sweeper import sweeper
 from relay import registry
-from relay.asgi import application
 from relay.frames import StrictModel
-from relay.logging import event_fields
-from tests.support import next_frame, nothing_but
+from tests.support import T0, events, next_frame, nothing_but, open_communicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 class Worker:
@@ -37,9 +32,7 @@ class Worker:
 
     @classmethod
     async def connect(cls, token: str) -> "Worker":
-        communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
-        connected, _ = await communicator.connect()
-        assert connected
+        communicator = await open_communicator(token)
         ack = await next_frame(communicator)
         assert ack["type"] == "connection.ack"
         return cls(communicator, ack["payload"])
@@ -64,22 +57,6 @@ class Worker:
         await self.communicator.disconnect()
 
 
-@pytest.fixture
-def clock(monkeypatch):
-    """The registry's clock, frozen at T0 and moved by hand: no test sleeps for a TTL."""
-
-    class Clock:
-        now = T0
-
-        def advance(self, **delta: float) -> datetime:
-            self.now += timedelta(**delta)
-            return self.now
-
-    frozen = Clock()
-    monkeypatch.setattr(actions, "clock", lambda: frozen.now)
-    return frozen
-
-
 @pytest.fixture(autouse=True)
 async def _stop_sweeper():
     """The first connection of a test starts the sweeper on the test's loop; stop it with the test."""
@@ -102,7 +79,7 @@ rows_exist_async = database_sync_to_async(rows_exist)
 count_async = database_sync_to_async(lambda: Registration.objects.count())
 
 
-async def test_register_is_acknowledged_and_the_row_is_visible(acme, clock, caplog):
+async def test_register_is_acknowledged_and_the_row_is_visible(acme, agents_clock, caplog):
     linh = await Worker.connect(acme.token("linh"))
     ack = await linh.register("w-1", cognition="planner", weight=0.5, family="gpt", host="box-7")
     assert ack == {"type": "register.ack", "payload": {"instance": "w-1", "registered_at": T0.isoformat()}}
@@ -111,12 +88,12 @@ async def test_register_is_acknowledged_and_the_row_is_visible(acme, clock, capl
     assert stored.connection_id == linh.connection_id
     assert stored.capability() == {"cognition": "planner", "weight": 0.5, "family": "gpt", "host": "box-7"}
     assert (stored.registered_at, stored.last_seen) == (T0, T0)
-    registered = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.registered"]
+    registered = events(caplog, "agent.registered")
     assert registered == [{"instance": "w-1", "environment": str(acme.environment.id)}]
     await linh.close()
 
 
-async def test_a_capability_may_be_omitted_or_partial(acme, clock):
+async def test_a_capability_may_be_omitted_or_partial(acme, agents_clock):
     linh = await Worker.connect(acme.token("linh"))
     await linh.send("register", {"instance": "bare"})
     assert (await linh.receive())["type"] == "register.ack"
@@ -142,7 +119,7 @@ def state_probe():
     del registry.frames["test.agents_state"]
 
 
-async def test_the_connection_keeps_what_it_registered_in_memory(acme, clock, state_probe):
+async def test_the_connection_keeps_what_it_registered_in_memory(acme, agents_clock, state_probe):
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1", family="gpt", weight=1.5)
     await linh.register("w-2")
@@ -159,12 +136,12 @@ async def test_the_connection_keeps_what_it_registered_in_memory(acme, clock, st
     await tuan.close()
 
 
-async def test_re_registration_by_the_same_identity_keeps_registered_at_and_refreshes_the_rest(acme, clock):
+async def test_re_registration_by_the_same_identity_keeps_registered_at_and_refreshes_the_rest(acme, agents_clock):
     first = await Worker.connect(acme.token("linh"))
     await first.register("w-1", cognition="planner", host="box-7")
     await first.close()
     # The worker reconnects later on a new connection, with a changed capability.
-    later = clock.advance(seconds=20)
+    later = agents_clock.advance(seconds=20)
     second = await Worker.connect(acme.token("linh"))
     ack = await second.register("w-1", family="claude")
     assert ack["payload"] == {"instance": "w-1", "registered_at": T0.isoformat()}
@@ -180,11 +157,11 @@ def registrations_counted(outcome: str) -> float:
     return REGISTRY.get_sample_value("relay_agent_registrations_total", {"outcome": outcome}) or 0.0
 
 
-async def test_another_identity_cannot_take_over_an_instance(acme, clock, caplog):
+async def test_another_identity_cannot_take_over_an_instance(acme, agents_clock, caplog):
     before = {outcome: registrations_counted(outcome) for outcome in ("created", "refreshed", "rejected")}
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1", host="box-7")
-    clock.advance(seconds=5)
+    agents_clock.advance(seconds=5)
     tuan = await Worker.connect(acme.token("tuan"))
     refused = await tuan.register("w-1", host="evil")
     assert refused["type"] == "error"
@@ -193,7 +170,7 @@ async def test_another_identity_cannot_take_over_an_instance(acme, clock, caplog
     stored = await row_async("w-1", acme)
     assert (stored.identity.external_id, stored.host, stored.last_seen) == ("linh", "box-7", T0)
     assert stored.connection_id == linh.connection_id
-    rejected = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.rejected"]
+    rejected = events(caplog, "agent.rejected")
     assert rejected == [{"instance": "w-1", "reason": "instance_owned", "environment": str(acme.environment.id)}]
     # Tuan's socket is still open and his own instances register fine.
     assert (await tuan.register("t-1"))["type"] == "register.ack"
@@ -204,10 +181,10 @@ async def test_another_identity_cannot_take_over_an_instance(acme, clock, caplog
     await tuan.close()
 
 
-async def test_heartbeat_refreshes_the_callers_own_row_without_a_reply(acme, clock):
+async def test_heartbeat_refreshes_the_callers_own_row_without_a_reply(acme, agents_clock):
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1")
-    later = clock.advance(seconds=10)
+    later = agents_clock.advance(seconds=10)
     await linh.send("heartbeat", {"instance": "w-1"})
     # A register after the heartbeat proves the heartbeat was handled (frames are handled in order).
     assert (await linh.register("w-2"))["payload"]["instance"] == "w-2"
@@ -216,10 +193,10 @@ async def test_heartbeat_refreshes_the_callers_own_row_without_a_reply(acme, clo
     await linh.close()
 
 
-async def test_a_foreign_or_unknown_heartbeat_is_a_silent_no_op(acme, clock):
+async def test_a_foreign_or_unknown_heartbeat_is_a_silent_no_op(acme, agents_clock):
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1")
-    clock.advance(seconds=10)
+    agents_clock.advance(seconds=10)
     tuan = await Worker.connect(acme.token("tuan"))
     await tuan.send("heartbeat", {"instance": "w-1"})
     await tuan.send("heartbeat", {"instance": "nobody"})
@@ -231,17 +208,17 @@ async def test_a_foreign_or_unknown_heartbeat_is_a_silent_no_op(acme, clock):
     await tuan.close()
 
 
-async def test_deregister_removes_the_callers_own_row(acme, clock, caplog):
+async def test_deregister_removes_the_callers_own_row(acme, agents_clock, caplog):
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1")
     await linh.send("deregister", {"instance": "w-1"})
     assert await linh.receive() == {"type": "deregister.ack", "payload": {"instance": "w-1"}}
     assert not await rows_exist_async(instance="w-1")
-    assert [event_fields(r)["instance"] for r in caplog.records if r.getMessage() == "agent.deregistered"] == ["w-1"]
+    assert [e["instance"] for e in events(caplog, "agent.deregistered")] == ["w-1"]
     await linh.close()
 
 
-async def test_a_foreign_or_unknown_deregister_is_silent_and_harmless(acme, clock):
+async def test_a_foreign_or_unknown_deregister_is_silent_and_harmless(acme, agents_clock):
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1")
     tuan = await Worker.connect(acme.token("tuan"))
@@ -257,7 +234,7 @@ async def test_a_foreign_or_unknown_deregister_is_silent_and_harmless(acme, cloc
     await tuan.close()
 
 
-async def test_a_disconnect_keeps_the_row(acme, clock):
+async def test_a_disconnect_keeps_the_row(acme, agents_clock):
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1")
     await linh.close()
@@ -267,7 +244,7 @@ async def test_a_disconnect_keeps_the_row(acme, clock):
     await tuan.close()
 
 
-async def test_instance_ids_are_per_tenant(acme, globex, clock):
+async def test_instance_ids_are_per_tenant(acme, globex, agents_clock):
     acme_linh = await Worker.connect(acme.token("linh"))
     globex_linh = await Worker.connect(globex.token("linh"))
     assert (await acme_linh.register("w-1", host="acme-box"))["type"] == "register.ack"
@@ -275,7 +252,7 @@ async def test_instance_ids_are_per_tenant(acme, globex, clock):
     assert (await row_async("w-1", acme)).host == "acme-box"
     assert (await row_async("w-1", globex)).host == "globex-box"
     # Neither tenant's worker reaches the other's row.
-    clock.advance(seconds=5)
+    agents_clock.advance(seconds=5)
     await globex_linh.send("heartbeat", {"instance": "w-1"})
     await globex_linh.send("deregister", {"instance": "w-1"})
     assert await globex_linh.receive() == {"type": "deregister.ack", "payload": {"instance": "w-1"}}
@@ -313,7 +290,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("payload", MALFORMED.values(), ids=MALFORMED.keys())
-async def test_a_malformed_register_is_rejected_and_writes_nothing(acme, clock, payload):
+async def test_a_malformed_register_is_rejected_and_writes_nothing(acme, agents_clock, payload):
     linh = await Worker.connect(acme.token("linh"))
     await linh.send_raw(f'{{"type": "register", "payload": {payload}}}')
     error = await linh.receive()
@@ -337,7 +314,7 @@ NOT_JSON_NUMBERS = {
 
 
 @pytest.mark.parametrize("payload", NOT_JSON_NUMBERS.values(), ids=NOT_JSON_NUMBERS.keys())
-async def test_a_weight_that_is_not_a_json_number_is_an_invalid_frame_and_writes_nothing(acme, clock, payload):
+async def test_a_weight_that_is_not_a_json_number_is_an_invalid_frame_and_writes_nothing(acme, agents_clock, payload):
     linh = await Worker.connect(acme.token("linh"))
     await linh.send_raw(f'{{"type": "register", "payload": {payload}}}')
     error = await linh.receive()
@@ -353,10 +330,10 @@ async def test_a_weight_that_is_not_a_json_number_is_an_invalid_frame_and_writes
     "payload",
     ['{"instance": "w-1", "extra": 1}', "{}", '{"instance": 1}', '{"instance": ""}', '{"instance": null}', "[]"],
 )
-async def test_a_malformed_heartbeat_or_deregister_is_rejected_and_changes_nothing(acme, clock, family, payload):
+async def test_a_malformed_heartbeat_or_deregister_is_rejected_and_changes_nothing(acme, agents_clock, family, payload):
     linh = await Worker.connect(acme.token("linh"))
     await linh.register("w-1")
-    clock.advance(seconds=5)
+    agents_clock.advance(seconds=5)
     await linh.send_raw(f'{{"type": "{family}", "payload": {payload}}}')
     error = await linh.receive()
     assert (error["payload"]["code"], error["payload"]["type"]) == ("invalid_payload", family)
@@ -366,11 +343,11 @@ async def test_a_malformed_heartbeat_or_deregister_is_rejected_and_changes_nothi
         assert (await linh.receive())["type"] == "deregister.ack"
     else:
         assert (await linh.register("w-2"))["type"] == "register.ack"
-        assert (await row_async("w-1", acme)).last_seen == clock.now
+        assert (await row_async("w-1", acme)).last_seen == agents_clock.now
     await linh.close()
 
 
-async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(acme, clock, monkeypatch, caplog):
+async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(acme, agents_clock, monkeypatch, caplog):
     linh = await Worker.connect(acme.token("linh"))
 
     def locked(*args, **kwargs):
@@ -384,7 +361,7 @@ async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(ac
         "message": "the agent registry is unavailable, try again",
         "type": "register",
     }
-    failed = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.failed"]
+    failed = events(caplog, "agent.failed")
     assert failed == [{"op": "register", "error": "OperationalError"}]
     monkeypatch.setattr(actions, "do_register", working)
     assert (await linh.register("w-1"))["type"] == "register.ack"

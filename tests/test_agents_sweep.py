@@ -7,7 +7,6 @@ from io import StringIO
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection
 from prometheus_client import REGISTRY
@@ -16,12 +15,9 @@ from agents import actions
 from agents.actions import do_heartbeat, do_register, sweep_stale
 from agents.models import Registration
 from agents.sweeper import Sweeper, sweeper
-from relay.asgi import application
 from relay.frames import Capability
-from relay.logging import event_fields
-from tests.support import next_frame as frame
+from tests.support import T0, events, next_frame, open_communicator
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(milliseconds=30_000)
 
 
@@ -49,7 +45,7 @@ def test_the_sweep_removes_silent_rows_and_keeps_heartbeating_ones(acme, setting
 
     assert swept == [(str(acme.environment.id), "silent")]
     assert instances() == {"beating"}
-    logged = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.swept"]
+    logged = events(caplog, "agent.swept")
     assert logged == [{"instance": "silent", "environment": str(acme.environment.id)}]
     assert swept_total() == before + 1
 
@@ -102,7 +98,7 @@ def test_concurrent_sweeps_remove_and_log_each_row_once(acme, caplog):
     assert len(results) == 3
     removed = [instance for result in results for _, instance in result]
     assert sorted(removed) == sorted(f"w-{number}" for number in range(40))
-    logged = [event_fields(r)["instance"] for r in caplog.records if r.getMessage() == "agent.swept"]
+    logged = [e["instance"] for e in events(caplog, "agent.swept")]
     assert sorted(logged) == sorted(removed)
     assert instances() == {"beating"}
 
@@ -128,13 +124,6 @@ def test_sweepagents_refuses_a_ttl_below_one_and_removes_nothing(acme):
 
 
 # ── the per-instance periodic sweep ──────────────────────────────────────────
-@pytest.fixture
-def frozen_clock(monkeypatch):
-    moment = {"now": T0}
-    monkeypatch.setattr(actions, "clock", lambda: moment["now"])
-    return moment
-
-
 # database_sync_to_async, not the async ORM: it closes its connection after each call, so
 # PostgreSQL can drop the test database at the end of the session.
 registered = database_sync_to_async(instances)
@@ -149,22 +138,21 @@ async def wait_for_instances(expected: set[str], timeout: float = 10.0) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_workers(acme, settings, frozen_clock):
+async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_workers(acme, settings, agents_clock):
     settings.RELAY_AGENT_TTL_MS = 30_000
     settings.RELAY_AGENT_SWEEP_MS = 50
-    linh = WebsocketCommunicator(application, f"/v1/ws?token={acme.token('linh')}")
-    await linh.connect()
-    await frame(linh)
+    linh = await open_communicator(acme.token("linh"))
+    await next_frame(linh)
     for instance in ("silent", "beating"):
         await linh.send_json_to({"type": "register", "payload": {"instance": instance}})
-        assert (await frame(linh))["type"] == "register.ack"
+        assert (await next_frame(linh))["type"] == "register.ack"
     assert sweeper.task is not None and not sweeper.task.done()
 
-    frozen_clock["now"] = T0 + timedelta(seconds=20)
+    agents_clock.now = T0 + timedelta(seconds=20)
     await linh.send_json_to({"type": "heartbeat", "payload": {"instance": "beating"}})
     await linh.send_json_to({"type": "register", "payload": {"instance": "probe"}})
-    await frame(linh)
-    frozen_clock["now"] = T0 + TTL + timedelta(seconds=1)
+    await next_frame(linh)
+    agents_clock.now = T0 + TTL + timedelta(seconds=1)
     await wait_for_instances({"beating", "probe"})
 
     # The disconnect removes nothing; only the sweep does.
@@ -175,11 +163,11 @@ async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_work
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_failing_sweep_is_logged_and_the_next_one_runs(acme, settings, frozen_clock, monkeypatch, caplog):
+async def test_a_failing_sweep_is_logged_and_the_next_one_runs(acme, settings, agents_clock, monkeypatch, caplog):
     settings.RELAY_AGENT_SWEEP_MS = 20
     settings.RELAY_AGENT_TTL_MS = 30_000
     await database_sync_to_async(register)(acme, "linh", "silent")
-    frozen_clock["now"] = T0 + TTL + timedelta(seconds=1)
+    agents_clock.now = T0 + TTL + timedelta(seconds=1)
     working = actions.sweep_stale
     failures = []
 
@@ -196,9 +184,9 @@ async def test_a_failing_sweep_is_logged_and_the_next_one_runs(acme, settings, f
         await wait_for_instances(set())
     finally:
         await own.stop()
-    failed = [event_fields(r) for r in caplog.records if r.getMessage() == "agent.sweep_failed"]
+    failed = events(caplog, "agent.sweep_failed")
     assert failed == [{"error": "OperationalError"}]
-    assert [event_fields(r)["instance"] for r in caplog.records if r.getMessage() == "agent.swept"] == ["silent"]
+    assert [e["instance"] for e in events(caplog, "agent.swept")] == ["silent"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""Messages across real Daphne processes on one Redis and one database file.
+"""Chat across real Daphne processes on one Redis and one database file: fan-out, resends, refusals, seqs, resume.
 
 Cast (conftest): in acme, linh and tuan share fleet and general; hermit belongs to
 nothing. globex's linh and zed share board.
@@ -13,30 +13,11 @@ from channels.db import database_sync_to_async
 from chat.models import Message
 from relay.models import Channel
 from tests.chat_helpers import MALFORMED_SENDS, malformed, send_payload, store_history
-from tests.support import WsClient, http
+from tests.support import WsClient, connect, http
 
 pytestmark = pytest.mark.live
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"
-
-
-async def open_client(instance, token: str, cursor: dict | None = None) -> WsClient:
-    client = await WsClient.open(instance.ws_url(token, cursor))
-    await client.next_of("connection.ack")
-    return client
-
-
-async def send_and_answer(client: WsClient, payload) -> dict:
-    """Send one `message.send`; return the `message.ack` or `error` frame that answers it."""
-    start = len(client.frames)
-    await client.send("message.send", payload)
-    return await client.wait_for(
-        lambda c: next((f for f in c.frames[start:] if f["type"] in ("message.ack", "error")), None), timeout=15
-    )
-
-
-def seqs(client: WsClient, channel: Channel | None = None) -> list[int]:
-    return [m["seq"] for m in client.of_type("message.created") if channel is None or m["channel"] == str(channel.id)]
 
 
 @database_sync_to_async
@@ -47,13 +28,13 @@ def stored(channel: Channel) -> list[int]:
 async def test_a_message_reaches_every_members_connections_on_every_instance(live_instances, acme, globex):
     a, b = live_instances(2)
     fleet, board = acme.channels["fleet"], globex.channels["board"]
-    linh_a = await open_client(a, acme.token("linh"))
-    linh_b = await open_client(b, acme.token("linh"))
-    tuan_b = await open_client(b, acme.token("tuan"))
-    stranger_b = await open_client(b, globex.token("linh"))
-    zed_a = await open_client(a, globex.token("zed"))
+    linh_a = await connect(a, acme, "linh")
+    linh_b = await connect(b, acme, "linh")
+    tuan_b = await connect(b, acme, "tuan")
+    stranger_b = await connect(b, globex, "linh")
+    zed_a = await connect(a, globex, "zed")
 
-    ack = await send_and_answer(linh_a, send_payload(fleet, "across instances"))
+    ack = await linh_a.send_and_ack(send_payload(fleet, "across instances"))
     assert ack["type"] == "message.ack"
     for client in (linh_a, linh_b, tuan_b):
         created = await client.next_of("message.created", timeout=15)
@@ -65,10 +46,10 @@ async def test_a_message_reaches_every_members_connections_on_every_instance(liv
         )
 
     # globex's linh hears her own channel (the pipe works) and never acme's message.
-    await send_and_answer(zed_a, send_payload(board, "board only"))
-    await stranger_b.wait_for(lambda c: seqs(c, board) == [1], timeout=15)
+    await zed_a.send_and_ack(send_payload(board, "board only"))
+    await stranger_b.wait_for(lambda c: c.seqs(board) == [1], timeout=15)
     assert [m["channel"] for m in stranger_b.of_type("message.created")] == [str(board.id)]
-    assert seqs(tuan_b) == [1] and seqs(linh_b, fleet) == [1]
+    assert tuan_b.seqs() == [1] and linh_b.seqs(fleet) == [1]
     for client in (linh_a, linh_b, tuan_b, stranger_b, zed_a):
         await client.close()
 
@@ -76,20 +57,20 @@ async def test_a_message_reaches_every_members_connections_on_every_instance(liv
 async def test_a_resend_from_another_instance_gets_the_same_ack_and_one_message(live_instances, acme):
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
-    tuan = await open_client(b, acme.token("tuan"))
-    first_socket = await open_client(a, acme.token("linh"))
+    tuan = await connect(b, acme, "tuan")
+    first_socket = await connect(a, acme, "linh")
 
-    first = await send_and_answer(first_socket, send_payload(fleet, "did this arrive?", idem_key="idem-1"))
+    first = await first_socket.send_and_ack(send_payload(fleet, "did this arrive?", idem_key="idem-1"))
     # The sender lost its socket before it saw the ack, and resends through another instance.
     await first_socket.close()
-    second_socket = await open_client(b, acme.token("linh"))
-    again = await send_and_answer(second_socket, send_payload(fleet, "did this arrive?", idem_key="idem-1"))
-    after = await send_and_answer(second_socket, send_payload(fleet, "next one", idem_key="idem-2"))
+    second_socket = await connect(b, acme, "linh")
+    again = await second_socket.send_and_ack(send_payload(fleet, "did this arrive?", idem_key="idem-1"))
+    after = await second_socket.send_and_ack(send_payload(fleet, "next one", idem_key="idem-2"))
 
     assert again == first
     assert after["payload"]["seq"] == 2
     assert await stored(fleet) == [1, 2]
-    await tuan.wait_for(lambda c: seqs(c) == [1, 2], timeout=15)
+    await tuan.wait_for(lambda c: c.seqs() == [1, 2], timeout=15)
     await tuan.close()
     await second_socket.close()
 
@@ -97,17 +78,17 @@ async def test_a_resend_from_another_instance_gets_the_same_ack_and_one_message(
 async def test_a_non_member_is_refused_on_any_instance_and_nothing_is_stored(live_instances, acme, globex):
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
-    hermit = await open_client(a, acme.token("hermit"))
-    outsider = await open_client(b, globex.token("linh"))
-    linh = await open_client(b, acme.token("linh"))
-    tuan = await open_client(a, acme.token("tuan"))
+    hermit = await connect(a, acme, "hermit")
+    outsider = await connect(b, globex, "linh")
+    linh = await connect(b, acme, "linh")
+    tuan = await connect(a, acme, "tuan")
 
     for client in (hermit, outsider):
-        refusal = await send_and_answer(client, send_payload(fleet, "let me in"))
+        refusal = await client.send_and_ack(send_payload(fleet, "let me in"))
         assert refusal["payload"]["code"] == "not_a_member"
     assert await stored(fleet) == []
 
-    assert (await send_and_answer(linh, send_payload(fleet, "members only")))["payload"]["seq"] == 1
+    assert (await linh.send_and_ack(send_payload(fleet, "members only")))["payload"]["seq"] == 1
     await tuan.wait_for(lambda c: [m["text"] for m in c.of_type("message.created")] == ["members only"], timeout=15)
     assert await stored(fleet) == [1]
     for client in (hermit, outsider, linh, tuan):
@@ -117,7 +98,7 @@ async def test_a_non_member_is_refused_on_any_instance_and_nothing_is_stored(liv
 async def test_forty_concurrent_sends_from_two_instances_get_forty_consecutive_seqs(live_instances, acme):
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
-    senders = [await open_client(instance, acme.token(user)) for instance in (a, b) for user in ("linh", "tuan")]
+    senders = [await connect(instance, acme, user) for instance in (a, b) for user in ("linh", "tuan")]
 
     async def send_ten(client: WsClient) -> None:
         # Pipelined: the next frame goes out before the previous one is acknowledged.
@@ -133,8 +114,8 @@ async def test_forty_concurrent_sends_from_two_instances_get_forty_consecutive_s
     assert await stored(fleet) == list(range(1, 41))
     for client in senders:
         # Every connection hears each of the forty once.
-        await client.wait_for(lambda c: len(seqs(c)) >= 40, timeout=30)
-        assert sorted(seqs(client)) == list(range(1, 41))
+        await client.wait_for(lambda c: len(c.seqs()) >= 40, timeout=30)
+        assert sorted(client.seqs()) == list(range(1, 41))
         await client.close()
     assert all(client.of_type("error") == [] for client in senders)
 
@@ -143,22 +124,22 @@ async def test_a_resume_while_messages_are_being_sent_has_no_gap_and_no_duplicat
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 300)
-    tuan = await open_client(a, acme.token("tuan"))
+    tuan = await connect(a, acme, "tuan")
 
     async def send_twenty() -> None:
         for n in range(20):
             await tuan.send("message.send", send_payload(fleet, f"while resuming {n}"))
 
     # linh resumes from 0 on b while tuan's twenty are stored and fanned out on a.
-    linh, _ = await asyncio.gather(open_client(b, acme.token("linh"), {str(fleet.id): 0}), send_twenty())
+    linh, _ = await asyncio.gather(connect(b, acme, "linh", {str(fleet.id): 0}), send_twenty())
 
-    await linh.wait_for(lambda c: len(seqs(c)) >= 320, timeout=60)
+    await linh.wait_for(lambda c: len(c.seqs()) >= 320, timeout=60)
     await tuan.wait_for(lambda c: len(c.of_type("message.ack")) == 20, timeout=30)
-    assert seqs(linh) == list(range(1, 321))
+    assert linh.seqs() == list(range(1, 321))
     # Nothing after: a late duplicate would land behind 320, so send one more and see it next.
-    await send_and_answer(tuan, send_payload(fleet, "after"))
-    await linh.wait_for(lambda c: len(seqs(c)) >= 321, timeout=15)
-    assert seqs(linh) == list(range(1, 322))
+    await tuan.send_and_ack(send_payload(fleet, "after"))
+    await linh.wait_for(lambda c: len(c.seqs()) >= 321, timeout=15)
+    assert linh.seqs() == list(range(1, 322))
     await linh.close()
     await tuan.close()
 
@@ -170,9 +151,9 @@ async def test_messages_still_flow_with_presence_redis_at_a_dead_port(live_insta
     status, body = http("GET", f"{a.http_url}/readyz")
     assert status == 503 and body["checks"]["presence_redis"] != "ok" and body["checks"]["redis"] == "ok"
 
-    linh = await open_client(a, acme.token("linh"))
-    tuan = await open_client(b, acme.token("tuan"), {str(fleet.id): 0})
-    ack = await send_and_answer(linh, send_payload(fleet, "presence is down and this still arrives"))
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan", {str(fleet.id): 0})
+    ack = await linh.send_and_ack(send_payload(fleet, "presence is down and this still arrives"))
 
     assert ack["type"] == "message.ack"
     created = await tuan.next_of("message.created", timeout=15)
@@ -184,14 +165,14 @@ async def test_messages_still_flow_with_presence_redis_at_a_dead_port(live_insta
 async def test_every_malformed_send_is_refused_nothing_is_stored_and_the_socket_stays(live_instances, acme):
     (a,) = live_instances(1)
     fleet = acme.channels["fleet"]
-    linh = await open_client(a, acme.token("linh"))
+    linh = await connect(a, acme, "linh")
 
     for flaw in sorted(MALFORMED_SENDS):
-        answer = await send_and_answer(linh, malformed(flaw, str(fleet.id)))
+        answer = await linh.send_and_ack(malformed(flaw, str(fleet.id)))
         assert (answer["type"], answer["payload"]["code"]) == ("error", "invalid_frame"), flaw
     assert await stored(fleet) == []
 
-    ok = await send_and_answer(linh, send_payload(fleet, "well formed", idem_key=str(uuid.uuid4())))
+    ok = await linh.send_and_ack(send_payload(fleet, "well formed", idem_key=str(uuid.uuid4())))
     assert ok["payload"]["seq"] == 1
     assert linh.close_code is None
     await linh.close()

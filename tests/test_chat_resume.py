@@ -2,7 +2,7 @@
 
 The races (a message stored or published while a backfill runs) are staged here
 deterministically by wrapping the backfill's database reads; the same property
-under real concurrency across two Daphne processes is in test_messages_live.py.
+under real concurrency across two Daphne processes is in test_chat_live.py.
 """
 
 import asyncio
@@ -17,7 +17,8 @@ from django.db import DatabaseError
 from chat import handlers
 from chat.actions import send_message
 from chat.handlers import chat_group
-from tests.chat_helpers import Socket, send_payload, store_history
+from tests.chat_helpers import send_payload, store_history
+from tests.support import Socket, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,25 +26,17 @@ UNKNOWN_CHANNEL = "00000000-0000-4000-8000-000000000000"
 
 
 @pytest.fixture
-def streams(monkeypatch: pytest.MonkeyPatch) -> list[handlers.ChatState]:
-    """Every connection's message Stream, so a test can see what is held."""
+def chat_states(monkeypatch: pytest.MonkeyPatch) -> list[handlers.ChatState]:
+    """Every connection's chat state, so a test can see which messages it holds back."""
     made: list[handlers.ChatState] = []
 
-    class RecordedStream(handlers.ChatState):
+    class RecordedChatState(handlers.ChatState):
         def __init__(self) -> None:
             super().__init__()
             made.append(self)
 
-    monkeypatch.setattr(handlers, "ChatState", RecordedStream)
+    monkeypatch.setattr(handlers, "ChatState", RecordedChatState)
     return made
-
-
-async def until(condition, timeout: float = 10.0) -> None:
-    """Wait until `condition()` is true (state inside the in-process consumer)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def cursor(**positions: int) -> str:
@@ -174,7 +167,7 @@ async def test_a_long_history_is_read_page_by_page_in_order(acme, monkeypatch):
     await linh.close()
 
 
-async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it(acme, monkeypatch, streams):
+async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it(acme, monkeypatch, chat_states):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 5)
     tuan = await Socket.open(acme.token("tuan"))
@@ -184,7 +177,7 @@ async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it
         page = await real_read_page(*args)
         # Between the read and its sends, tuan posts seq 6 and it reaches linh live.
         await tuan.send_and_ack(send_payload(fleet, "during the backfill"))
-        await until(lambda: streams[-1].held.get(str(fleet.id)))
+        await until(lambda: chat_states[-1].held.get(str(fleet.id)))
         return page
 
     monkeypatch.setattr(handlers, "read_page", with_a_live_message_meanwhile)
@@ -193,7 +186,7 @@ async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it
 
     await linh.wait_for(lambda s: len(s.seqs()) >= 6)
     assert linh.seqs() == [1, 2, 3, 4, 5, 6]
-    assert streams[-1].held == {}
+    assert chat_states[-1].held == {}
     await tuan.send_and_ack(send_payload(fleet, "after the backfill"))
     await linh.wait_for(lambda s: s.seqs() == [1, 2, 3, 4, 5, 6, 7])
     await linh.close()
@@ -201,7 +194,7 @@ async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it
 
 
 async def test_a_message_the_backfill_already_sent_is_not_sent_again_when_its_live_copy_arrives(
-    acme, monkeypatch, streams
+    acme, monkeypatch, chat_states
 ):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 2)
@@ -220,14 +213,14 @@ async def test_a_message_the_backfill_already_sent_is_not_sent_again_when_its_li
 
     async def copy_published_while_held(*args):
         await get_channel_layer().group_send(chat_group(str(fleet.id)), {"type": "message.created", "message": late[0]})
-        await until(lambda: streams[-1].held.get(str(fleet.id)))
+        await until(lambda: chat_states[-1].held.get(str(fleet.id)))
         return await real_read_page(*args)
 
     monkeypatch.setattr(handlers, "read_page", copy_published_while_held)
 
     linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}))
     await linh.wait_for(lambda s: s.seqs() == [1, 2, 3])
-    await until(lambda: str(fleet.id) not in streams[-1].held)
+    await until(lambda: str(fleet.id) not in chat_states[-1].held)
     # And a copy arriving after the backfill finished (a slow publisher) is dropped too.
     await get_channel_layer().group_send(chat_group(str(fleet.id)), {"type": "message.created", "message": late[0]})
     tuan = await Socket.open(acme.token("tuan"))

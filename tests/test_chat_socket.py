@@ -16,7 +16,8 @@ from chat.models import Message
 from relay import membership
 from relay.logging import event_fields
 from relay.models import Channel
-from tests.chat_helpers import MALFORMED_SENDS, Socket, malformed, send_payload
+from tests.chat_helpers import MALFORMED_SENDS, malformed, send_payload
+from tests.support import Socket, events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -201,7 +202,7 @@ async def test_message_text_is_never_logged(acme, caplog):
     await linh.send_and_ack(send_payload(acme.channels["fleet"], secret))
     await linh.next_of("message.created")
 
-    stored_events = [event_fields(r) for r in caplog.records if r.getMessage() == "message.stored"]
+    stored_events = events(caplog, "message.stored")
     assert stored_events == [{"user": "linh", "channel": str(acme.channels["fleet"].id), "seq": 1}]
     for record in caplog.records:
         assert secret not in record.getMessage()

@@ -9,17 +9,14 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from presence.extension import PresenceExtension
-from relay import consumers, registry, tokens
+from relay import consumers, registry
 from relay.asgi import application
 from relay.exceptions import InvalidToken
-from relay.logging import event_fields
 from relay.models import User
 from relay.tokens import verify_token
+from tests.support import events
 
-
-@pytest.fixture(autouse=True)
-def _empty_secret_cache() -> None:
-    tokens._environments.clear()
+pytestmark = pytest.mark.usefixtures("empty_secret_cache")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -112,7 +109,7 @@ def test_a_failing_load_is_logged_and_its_connects_open_without_it(acme, monkeyp
     monkeypatch.setattr(presence, "load", broken)
     (linh,) = consumers._read_connects([(acme.token("linh"), [presence])])
     assert linh.user.external_id == "linh" and presence not in linh.loaded
-    failures = [event_fields(record) for record in caplog.records if record.getMessage() == "connection.hook_failed"]
+    failures = events(caplog, "connection.hook_failed")
     assert failures == [{"hook": "PresenceExtension.load", "error": "OperationalError"}]
 
 

@@ -17,8 +17,7 @@ import uuid
 import pytest
 from django.conf import settings
 
-from tests.support import Instance, WsClient
-from tests.test_presence_live import REFRESH, WAIT, connect, heard, lines, logged, timings
+from tests.support import REFRESH, WAIT, Instance, WsClient, connect, heard, lines, logged, timings
 
 pytestmark = pytest.mark.live
 

@@ -8,31 +8,17 @@ from channels.testing import WebsocketCommunicator
 from pydantic import BaseModel, ConfigDict
 
 from relay import registry
-from relay.asgi import application
 from relay.consumers import CLOSE_UNAUTHORIZED
 from relay.logging import event_fields
 from relay.tokens import mint_token
-from tests.support import next_frame
+from tests.support import events, next_frame, open_communicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-async def connect(token: str | None, query: str = "") -> tuple[WebsocketCommunicator, bool]:
-    path = "/v1/ws" + (f"?token={token}" if token is not None else "") + query
-    communicator = WebsocketCommunicator(application, path)
-    connected, _ = await communicator.connect()
-    return communicator, connected
-
-
-async def frame(communicator: WebsocketCommunicator) -> dict:
-    """The next frame that is not presence's (the snapshot and transitions have their own tests)."""
-    return await next_frame(communicator)
-
-
 async def test_a_valid_token_gets_connection_ack_with_the_users_channels(acme):
-    communicator, connected = await connect(acme.token("linh"))
-    assert connected
-    ack = await frame(communicator)
+    communicator = await open_communicator(acme.token("linh"))
+    ack = await next_frame(communicator)
     assert ack["type"] == "connection.ack"
     assert ack["payload"]["user"] == "linh"
     assert set(ack["payload"]["channels"]) == {str(acme.channels["fleet"].id), str(acme.channels["general"].id)}
@@ -41,8 +27,8 @@ async def test_a_valid_token_gets_connection_ack_with_the_users_channels(acme):
 
 
 async def test_a_user_of_no_channel_is_acknowledged_with_none(acme):
-    communicator, _ = await connect(acme.token("hermit"))
-    assert (await frame(communicator))["payload"]["channels"] == []
+    communicator = await open_communicator(acme.token("hermit"))
+    assert (await next_frame(communicator))["payload"]["channels"] == []
     await communicator.disconnect()
 
 
@@ -54,31 +40,30 @@ async def assert_closed_4401(communicator: WebsocketCommunicator) -> None:
 
 @pytest.mark.parametrize("token", [None, "", "garbage", "a.b.c"])
 async def test_missing_or_malformed_tokens_are_closed_4401(acme, token):
-    communicator, connected = await connect(token)
-    assert connected  # accepted, so that a browser sees the code
+    communicator = await open_communicator(token)  # accepted (asserted there), so that a browser sees the code
     await assert_closed_4401(communicator)
-    good, _ = await connect(acme.token("linh"))
-    assert (await frame(good))["type"] == "connection.ack"
+    good = await open_communicator(acme.token("linh"))
+    assert (await next_frame(good))["type"] == "connection.ack"
     await good.disconnect()
 
 
 async def test_an_expired_token_is_closed_4401(acme):
     token, _ = mint_token(acme.environment, "linh", 60, now=datetime.now(UTC) - timedelta(hours=2))
-    communicator, _ = await connect(token)
+    communicator = await open_communicator(token)
     await assert_closed_4401(communicator)
 
 
 async def test_another_tenants_token_for_a_user_it_does_not_have_is_closed_4401(acme, globex):
-    communicator, _ = await connect(acme.token("zed"))
+    communicator = await open_communicator(acme.token("zed"))
     await assert_closed_4401(communicator)
-    own, _ = await connect(globex.token("zed"))
-    assert (await frame(own))["payload"]["user"] == "zed"
+    own = await open_communicator(globex.token("zed"))
+    assert (await next_frame(own))["payload"]["user"] == "zed"
     await own.disconnect()
 
 
 async def test_a_forged_signature_is_closed_4401(acme):
     header, claims, _ = acme.token("linh").split(".")
-    communicator, _ = await connect(f"{header}.{claims}.AAAA")
+    communicator = await open_communicator(f"{header}.{claims}.AAAA")
     await assert_closed_4401(communicator)
 
 
@@ -96,24 +81,24 @@ async def test_a_forged_signature_is_closed_4401(acme):
     ],
 )
 async def test_a_malformed_frame_gets_an_error_and_the_socket_stays_open(acme, raw, message_part):
-    communicator, _ = await connect(acme.token("linh"))
-    await frame(communicator)
+    communicator = await open_communicator(acme.token("linh"))
+    await next_frame(communicator)
     await communicator.send_to(text_data=raw)
-    error = await frame(communicator)
+    error = await next_frame(communicator)
     assert error["type"] == "error"
     assert error["payload"]["code"] == "invalid_frame"
     assert message_part in error["payload"]["message"]
     # Still open: a second bad frame is answered too.
     await communicator.send_to(text_data="still not json")
-    assert (await frame(communicator))["payload"]["code"] == "invalid_frame"
+    assert (await next_frame(communicator))["payload"]["code"] == "invalid_frame"
     await communicator.disconnect()
 
 
 async def test_a_binary_frame_gets_an_error(acme):
-    communicator, _ = await connect(acme.token("linh"))
-    await frame(communicator)
+    communicator = await open_communicator(acme.token("linh"))
+    await next_frame(communicator)
     await communicator.send_to(bytes_data=b"\x00\x01")
-    assert (await frame(communicator))["payload"]["code"] == "invalid_frame"
+    assert (await next_frame(communicator))["payload"]["code"] == "invalid_frame"
     await communicator.disconnect()
 
 
@@ -135,12 +120,12 @@ def echo_family():
 
 
 async def test_a_registered_frame_type_is_routed_to_its_handler(acme, echo_family):
-    communicator, _ = await connect(acme.token("linh"))
-    await frame(communicator)
+    communicator = await open_communicator(acme.token("linh"))
+    await next_frame(communicator)
     await communicator.send_to(text_data=json.dumps({"type": "test.echo", "payload": {"word": "hi"}}))
-    assert await frame(communicator) == {"type": "test.echoed", "payload": {"word": "hi", "user": "linh"}}
+    assert await next_frame(communicator) == {"type": "test.echoed", "payload": {"word": "hi", "user": "linh"}}
     await communicator.send_to(text_data=json.dumps({"type": "test.echo", "payload": {"word": 3}}))
-    error = await frame(communicator)
+    error = await next_frame(communicator)
     assert error["payload"]["code"] == "invalid_payload"
     assert error["payload"]["type"] == "test.echo"
     await communicator.disconnect()
@@ -148,20 +133,20 @@ async def test_a_registered_frame_type_is_routed_to_its_handler(acme, echo_famil
 
 async def test_opening_and_closing_are_logged_without_the_token(acme, caplog):
     token = acme.token("linh")
-    communicator, _ = await connect(token)
-    ack = (await frame(communicator))["payload"]
+    communicator = await open_communicator(token)
+    ack = (await next_frame(communicator))["payload"]
     await communicator.disconnect()
-    events = {r.getMessage(): event_fields(r) for r in caplog.records if r.name == "relay.consumers"}
-    assert events["connection.opened"] == {"connection_id": ack["connection_id"], "user": "linh"}
-    assert events["connection.closed"] == {"connection_id": ack["connection_id"], "user": "linh"}
+    logged = {r.getMessage(): event_fields(r) for r in caplog.records if r.name == "relay.consumers"}
+    assert logged["connection.opened"] == {"connection_id": ack["connection_id"], "user": "linh"}
+    assert logged["connection.closed"] == {"connection_id": ack["connection_id"], "user": "linh"}
     assert token not in caplog.text
 
 
 async def test_a_refused_connection_logs_nothing_as_opened(acme, caplog):
-    communicator, _ = await connect("garbage")
+    communicator = await open_communicator("garbage")
     await assert_closed_4401(communicator)
-    ok, _ = await connect(acme.token("tuan"))
-    await frame(ok)
+    ok = await open_communicator(acme.token("tuan"))
+    await next_frame(ok)
     await ok.disconnect()
-    opened = [event_fields(r)["user"] for r in caplog.records if r.getMessage() == "connection.opened"]
+    opened = [e["user"] for e in events(caplog, "connection.opened")]
     assert opened == ["tuan"]

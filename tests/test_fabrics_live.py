@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.support import WsClient
+from tests.support import WsClient, connect
 
 pytestmark = pytest.mark.live
 
@@ -16,8 +16,7 @@ TIMINGS = {
 
 async def test_a_message_is_never_delivered_as_presence_nor_presence_as_a_message(live_instances, acme):
     a, b = live_instances(2, **TIMINGS)
-    tuan = await WsClient.open(b.ws_url(acme.token("tuan")))
-    await tuan.next_of("presence.snapshot")
+    tuan = await connect(b, acme, "tuan")
     linh = await WsClient.open(a.ws_url(acme.token("linh")))
     await tuan.wait_for(lambda c: {"user": "linh", "state": "online"} in c.of_type("presence.changed"))
 

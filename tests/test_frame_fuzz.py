@@ -26,8 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import Instance, WsClient
-from tests.test_presence_live import WAIT, connect, heard, states, timings
+from tests.support import WAIT, Instance, WsClient, connect, heard, states, timings
 
 pytestmark = pytest.mark.live
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from tests.support import Instance, WsClient
-from tests.test_presence_live import WAIT, connect
+from tests.support import WAIT, Instance, WsClient, connect
 
 pytestmark = pytest.mark.live
 

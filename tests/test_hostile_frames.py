@@ -10,8 +10,7 @@ import uuid
 
 import pytest
 
-from tests.support import WsClient
-from tests.test_presence_live import WAIT, connect, heard, timings
+from tests.support import WAIT, WsClient, connect, heard, timings
 
 pytestmark = pytest.mark.live
 

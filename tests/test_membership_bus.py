@@ -1,24 +1,19 @@
 """The membership bus: one subscription per process, and changes raced with a connect are never lost."""
 
 import asyncio
-import json
 
 import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
 
 from relay import consumers, membership
-from relay.asgi import application
+from tests.support import Socket
 
 
-async def _open(token: str) -> tuple[WebsocketCommunicator, dict]:
-    communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
-    connected, _ = await communicator.connect(timeout=5)
-    assert connected
-    ack = json.loads(await communicator.receive_from(timeout=5))
-    assert ack["type"] == "connection.ack"
-    return communicator, ack["payload"]
+async def _open(token: str) -> tuple[Socket, dict]:
+    socket = await Socket.open(token)
+    assert socket.frames[0]["type"] == "connection.ack"
+    return socket, socket.frames[0]["payload"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -54,7 +49,7 @@ async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_aga
     linh, ack = await _open(acme.token("linh"))
     assert reads == ["connect", "channels"]
     assert ack["channels"] == [str(general.id)]
-    await linh.disconnect()
+    await linh.close()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -92,14 +87,9 @@ async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_re
             },
         },
     )
-    created = []
-    while not created:
-        frame = json.loads(await linh.receive_from(timeout=5))
-        if frame["type"] == "message.created":
-            created.append(frame["payload"]["channel"])
-    assert created == [str(general.id)]
+    assert (await linh.next_of("message.created"))["channel"] == str(general.id)
     assert membership.bus().listeners  # linh is listening
-    await linh.disconnect()
+    await linh.close()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -107,5 +97,5 @@ async def test_a_closed_connection_stops_listening_on_the_bus(acme):
     linh, _ = await _open(acme.token("linh"))
     pk = acme.users["linh"].pk
     assert pk in membership.bus().listeners
-    await linh.disconnect()
+    await linh.close()
     assert pk not in membership.bus().listeners

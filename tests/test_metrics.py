@@ -1,4 +1,4 @@
-"""/metrics: every family Relay exports is scraped, and moves when its event happens."""
+"""/metrics: Relay's Prometheus families are scraped, and each moves when its event happens."""
 
 import uuid
 from datetime import timedelta
@@ -6,7 +6,6 @@ from datetime import timedelta
 import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,12 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.actions import sweep_stale
 from agents.models import Registration
 from devtools.embedded_redis import free_port
-from presence import actions
 from presence.fabric import group_name
-from relay.asgi import application
-from tests.chat_helpers import Socket, send_payload
+from tests.chat_helpers import send_payload
+from tests.support import Socket
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
 
 
 def scrape() -> dict[tuple[str, tuple], float]:
@@ -51,12 +49,6 @@ class Scrapes:
     def moved(self, name: str, **labels: str) -> float:
         key = (name, tuple(sorted(labels.items())))
         return self.after.get(key, 0.0) - self.before.get(key, 0.0)
-
-
-@pytest.fixture(autouse=True)
-async def _close_presence():
-    yield
-    await actions.service().close()
 
 
 async def test_connections_frames_presence_and_messages_move_their_families(acme):
@@ -99,9 +91,8 @@ async def test_refusals_and_invalid_fabric_payloads_are_counted(acme):
     await linh.next_of("presence.snapshot")
     fleet = str(acme.channels["fleet"].id)
     await get_channel_layer().group_send(group_name(fleet), {"type": "presence.transition", "user": "x"})
-    refused = WebsocketCommunicator(application, "/v1/ws?token=forged")
-    await refused.connect()
-    assert (await refused.receive_output(timeout=3))["code"] == 4401
+    refused = await Socket.open("forged")
+    assert await refused.closed() == 4401
     await linh.wait_for(lambda s: scrape_value("relay_presence_invalid_payloads_total") > 0, timeout=5)
     scrapes.again()
     assert scrapes.moved("relay_connections_refused_total", code="4401") == 1

@@ -16,9 +16,8 @@ from channels.testing import WebsocketCommunicator
 from presence import delivery, extension
 from presence.fabric import TRANSITION, group_name, transition_message
 from relay import registry
-from relay.asgi import application
-from relay.logging import event_fields
 from relay.membership import EVENT, MEMBERSHIP_GROUP
+from tests.support import events, open_communicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,9 +51,7 @@ async def _frames_until(communicator: WebsocketCommunicator, frame_type: str, us
 
 
 async def _open_live(token: str, user: str) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, f"/v1/ws?token={token}")
-    connected, _ = await communicator.connect(timeout=5)
-    assert connected
+    communicator = await open_communicator(token)
     # Ack, snapshot, then the user's own `online`: live from here.
     await _frames_until(communicator, "presence.changed", user)
     return communicator
@@ -99,8 +96,7 @@ async def test_a_transition_raced_with_a_connect_is_queued_behind_the_snapshot(a
             await asyncio.sleep(0.01)
 
     monkeypatch.setattr(extension.PresenceExtension, "admit", a_transition_during_the_election)
-    linh = WebsocketCommunicator(application, f"/v1/ws?token={acme.token('linh')}")
-    assert (await linh.connect(timeout=5))[0]
+    linh = await open_communicator(acme.token("linh"))
     frames = await _frames_until(linh, "presence.changed", "tuan")
     types = [frame["type"] for frame in frames]
     assert types.index("presence.snapshot") < len(types) - 1  # the snapshot came first
@@ -151,8 +147,7 @@ async def test_one_watchers_failure_does_not_cost_the_others_their_frame(acme, q
         assert _changed(await _frames_until(linh, "presence.changed", "hermit")) == [
             {"user": "hermit", "state": "online"}
         ]
-    failures = [event_fields(record) for record in caplog.records if record.getMessage() == "presence.failed"]
-    assert failures == [{"op": "deliver", "error": "RuntimeError"}]
+    assert events(caplog, "presence.failed") == [{"op": "deliver", "error": "RuntimeError"}]
     assert queued == []
     await linh.disconnect()
     await tuan.disconnect()

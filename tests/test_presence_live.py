@@ -13,118 +13,39 @@ that timer decided (e.g. `presence.suppressed`), then the barrier.
 """
 
 import asyncio
-import itertools
 import time
-from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
 from devtools.embedded_redis import EmbeddedRedis, free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
 from presence.store import DEADLINES, connections_key, marker_key, presence_key
-from relay.models import Channel, Membership
-from tests.conftest import Tenant
-from tests.support import Instance, WsClient, http
+from tests.support import (
+    CHECK,
+    GRACE,
+    MARGIN,
+    REFRESH,
+    TTL,
+    WAIT,
+    WsClient,
+    add_channel,
+    add_user,
+    barrier,
+    close_all,
+    connect,
+    heard,
+    http,
+    lines,
+    logged,
+    probe_id,
+    states,
+    timings,
+    until,
+)
 
 pytestmark = pytest.mark.live
-
-# Scaled from the production 30 s / 30 s / 10 s / 1 s. Generous against a loaded two-core
-# machine: the margin is hundreds of local Redis round trips, the refresh a third of the TTL.
-GRACE, TTL, REFRESH, MARGIN = 800, 900, 250, 200
-CHECK = GRACE + MARGIN
-WAIT = 15.0  # the ceiling of every wait; a pass normally takes a fraction of it
-
-_probes = itertools.count()
-
-
-def timings(grace: int = GRACE, ttl: int = TTL, refresh: int = REFRESH, margin: int = MARGIN, **extra: Any) -> dict:
-    """Environment overrides for live instances."""
-    return {
-        "RELAY_PRESENCE_GRACE_MS": str(grace),
-        "RELAY_PRESENCE_TTL_MS": str(ttl),
-        "RELAY_PRESENCE_REFRESH_MS": str(refresh),
-        "RELAY_PRESENCE_MARGIN_MS": str(margin),
-        **{key: str(value) for key, value in extra.items()},
-    }
-
-
-async def connect(instance: Instance, tenant: Tenant, user_id: str) -> WsClient:
-    """Open a socket and wait for its snapshot, so its groups are joined and its election is done."""
-    client = await WsClient.open(instance.ws_url(tenant.token(user_id)))
-    await client.next_of("presence.snapshot", timeout=WAIT)
-    return client
-
-
-def states(client: WsClient, user_id: str) -> list[str]:
-    """The states `client` was told about `user_id`, in order."""
-    return [p["state"] for p in client.of_type("presence.changed") if p["user"] == user_id]
-
-
-async def heard(client: WsClient, user_id: str, count: int, timeout: float = WAIT) -> list[str]:
-    """Wait until `client` heard `count` transitions of `user_id`; return them."""
-    await client.wait_for(lambda c: len(states(c, user_id)) >= count, timeout)
-    return states(client, user_id)
-
-
-@sync_to_async
-def add_user(tenant: Tenant, user_id: str, channels: tuple[str, ...] = ()) -> None:
-    tenant.add_user(user_id)
-    for name in channels:
-        Membership.objects.create(channel=tenant.channels[name], user=tenant.users[user_id])
-
-
-@sync_to_async
-def add_channel(tenant: Tenant, name: str, kind: str, members: tuple[str, ...]) -> Channel:
-    return tenant.add_channel(name, kind, members=members)
-
-
-async def barrier(instance: Instance, tenant: Tenant, watchers: list[WsClient], channel: str = "general") -> WsClient:
-    """Connect a fresh probe sharing `channel`; return once every watcher heard its `online`."""
-    probe = f"probe-{next(_probes)}"
-    await add_user(tenant, probe, (channel,))
-    client = await connect(instance, tenant, probe)
-    for watcher in watchers:
-        await heard(watcher, probe, 1)
-    return client
-
-
-async def logged(instance: Instance, event: str, timeout: float = WAIT, **fields: Any) -> list[dict]:
-    """Wait until `instance` logged `event` with `fields`; return every such line."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [line for line in instance.events(event) if all(line.get(k) == v for k, v in fields.items())]
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{instance.name} never logged {event} {fields}; log: {instance.events()[-20:]}")
-        await asyncio.sleep(0.05)
-
-
-def lines(instances: list[Instance], event: str, **fields: Any) -> list[dict]:
-    """Every line of `event` with `fields`, from all `instances`."""
-    return [
-        line
-        for instance in instances
-        for line in instance.events(event)
-        if all(line.get(k) == v for k, v in fields.items())
-    ]
-
-
-async def until(condition: Any, timeout: float = WAIT) -> None:
-    """Wait until `condition()` is truthy (log lines land in files a moment after the frames)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
-
-
-async def close_all(*clients: WsClient) -> None:
-    for client in clients:
-        await client.close()
 
 
 # ── who hears an arrival (FR-RTM-05, FR-RTM-07) ───────────────────────────────
@@ -207,10 +128,6 @@ async def test_nothing_crosses_the_tenant_wall(live_instances, acme, globex):
     # zed heard only globex people: himself and globex's probe, never acme's tuan or linh.
     assert {p["user"] for p in zed.of_type("presence.changed")} == {"zed", probe_id(probe)}
     await close_all(acme_linh, zed, tuan, probe)
-
-
-def probe_id(client: WsClient) -> str:
-    return client.of_type("connection.ack")[0]["user"]
 
 
 async def test_the_same_user_id_in_two_tenants_is_two_people(live_instances, acme, globex):

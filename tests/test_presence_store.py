@@ -21,6 +21,7 @@ from presence.store import (
     presence_key,
     split_member,
 )
+from tests.support import events
 
 ACME = str(uuid.uuid4())
 GLOBEX = str(uuid.uuid4())
@@ -261,7 +262,6 @@ async def test_online_reads_the_keys_of_one_tenant_in_one_mget(stores):
 
 async def test_a_dead_store_answers_none_at_once_and_logs_each_failure(caplog):
     from devtools.embedded_redis import free_port
-    from relay.logging import event_fields
 
     dead = PresenceStore(f"redis://127.0.0.1:{free_port()}/0", TIMINGS)
     try:
@@ -269,7 +269,7 @@ async def test_a_dead_store_answers_none_at_once_and_logs_each_failure(caplog):
         assert await dead.reap() is None
     finally:
         await dead.close()
-    failures = [event_fields(r) for r in caplog.records if r.getMessage() == "presence.failed"]
+    failures = events(caplog, "presence.failed")
     assert [f["op"] for f in failures] == ["admit", "reap"]
     assert all("ConnectionError" in f["error"] for f in failures)
     assert all(r.exc_info is None for r in caplog.records)
@@ -318,14 +318,13 @@ async def test_a_pipeline_after_redis_lost_its_scripts_still_runs_each_one(store
 
 async def test_a_dead_store_fails_each_election_of_a_batch_on_its_own(caplog):
     from devtools.embedded_redis import free_port
-    from relay.logging import event_fields
 
     dead = PresenceStore(f"redis://127.0.0.1:{free_port()}/0", TIMINGS)
     try:
         assert await asyncio.gather(*(admit(dead, ACME, f"w{index}", "c") for index in range(3))) == [None] * 3
     finally:
         await dead.close()
-    failures = [event_fields(r) for r in caplog.records if r.getMessage() == "presence.failed"]
+    failures = events(caplog, "presence.failed")
     assert [f["op"] for f in failures] == ["admit"] * 3
 
 

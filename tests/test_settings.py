@@ -107,3 +107,10 @@ def test_database_url_selects_postgresql():
         cwd=settings.BASE_DIR,
     )
     assert probe.stdout.strip() == "django.db.backends.postgresql"
+
+
+def test_the_limit_defaults_to_4_mib_and_cannot_be_set_below_one_largest_frame():
+    assert relay_settings.DEFAULT_MAX_PENDING_BYTES == 4 * 1024 * 1024
+    assert _start_up(RELAY_MAX_PENDING_BYTES="65536").returncode == 0
+    failed = _start_up(RELAY_MAX_PENDING_BYTES="65535")
+    assert "RELAY_MAX_PENDING_BYTES must be at least 65536" in failed.stderr

@@ -26,12 +26,9 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from chat.handlers import chat_group
-from relay import settings as relay_settings
 from relay.exceptions import OutputBacklogFull
 from relay.transport.pending_output import PendingOutput
-from tests.support import Instance
-from tests.test_presence_live import WAIT, connect, heard, logged, timings
-from tests.test_settings import _start_up
+from tests.support import WAIT, Instance, connect, heard, logged, timings
 
 LIMIT = 256 * 1024
 # 16,384 four-byte characters: the largest `text` a message may have, ≈ 64 KiB a frame.
@@ -120,13 +117,6 @@ async def test_a_stalled_reader_is_closed_4008_while_its_co_member_receives_ever
         assert await heard(tuan, "linh", 2, timeout=offline_within) == ["online", "offline"]
     await logged(instance, "connection.closed", user="linh")
     await tuan.close()
-
-
-def test_the_limit_defaults_to_4_mib_and_cannot_be_set_below_one_largest_frame():
-    assert relay_settings.DEFAULT_MAX_PENDING_BYTES == 4 * 1024 * 1024
-    assert _start_up(RELAY_MAX_PENDING_BYTES="65536").returncode == 0
-    failed = _start_up(RELAY_MAX_PENDING_BYTES="65535")
-    assert "RELAY_MAX_PENDING_BYTES must be at least 65536" in failed.stderr
 
 
 # ── guards on what relay/transport/pending_output.py relies on ───────────────

@@ -13,12 +13,9 @@ from relay.exceptions import InvalidToken
 from relay.models import Environment
 from relay.tokens import verify_token
 
+pytestmark = pytest.mark.usefixtures("empty_secret_cache")
+
 ELSEWHERE = "a-secret-another-process-rotated-to-0123456789"
-
-
-@pytest.fixture(autouse=True)
-def _empty_secret_cache() -> None:
-    tokens._environments.clear()
 
 
 def _signed(environment: Environment, secret: str, user_id: str) -> str:

@@ -1,4 +1,7 @@
-"""The foundation end to end: real Daphne processes, real sockets, one Redis and one database."""
+"""The gateway end to end: health, the API, a socket's ack and refusal, and the close handshake.
+
+On real Daphne processes with real sockets, one Redis and one database.
+"""
 
 import contextlib
 import socket

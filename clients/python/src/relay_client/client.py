@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 from urllib.parse import quote, urlsplit
 
 import websockets
@@ -62,7 +62,6 @@ from relay_client.exceptions import (
     HistoryUnavailable,
     IdentityMismatch,
     ProtocolError,
-    Refused,
     RelayError,
     SendRefused,
     TooManyConnections,
@@ -75,7 +74,7 @@ logger = logging.getLogger("relay_client")
 
 TokenSource = str | Callable[[], str] | Callable[[], Awaitable[str]]
 
-REFUSALS: dict[int, type[Refused]] = {4401: Unauthorized, 4429: TooManyConnections}
+REFUSALS: dict[int, type[Unauthorized] | type[TooManyConnections]] = {4401: Unauthorized, 4429: TooManyConnections}
 # The contract's bounds on `text`; checked here because a frame over 1 MiB is answered with a
 # close (1009), and a pending send that goes again after every reconnect would loop on it.
 MAX_TEXT_LENGTH = 16_384
@@ -95,7 +94,7 @@ class _Request:
     """A frame waiting for its answer; it goes again on each new connection until it has one."""
 
     frame: ClientFrame
-    future: asyncio.Future
+    future: asyncio.Future[Any]
     # (connection serial, order) of its last transmission: an `error` answers the oldest in flight.
     sent: tuple[int, int] | None = None
 
@@ -138,10 +137,10 @@ class Client:
         self._connection_id: str | None = None
         self._online: set[str] = set()
         self._held: dict[str, dict[int, MessageCreated]] = {}
-        self._fills: dict[str, asyncio.Task] = {}
+        self._fills: dict[str, asyncio.Task[None]] = {}
         self._pending: dict[tuple[str, ...], _Request] = {}
         self._agents: dict[str, Agent] = {}
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Future[None]] = set()
         self._events: asyncio.Queue[Any] = asyncio.Queue()
 
         self._ws: ClientConnection | None = None
@@ -149,8 +148,9 @@ class Client:
         self._live = False  # from connection.ack until the connection closes
         self._send_lock = asyncio.Lock()
         self._order = itertools.count()
-        self._runner: asyncio.Task | None = None
-        self._ready: asyncio.Future | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None  # what connect() waits for
+        self._was_ready = False  # the first connection's snapshot arrived
         self._closed = False
         self._failure: RelayError | None = None
 
@@ -196,10 +196,10 @@ class Client:
         """
         if self._runner is not None:
             raise RuntimeError("connect() was already called")
-        self._ready = asyncio.get_running_loop().create_future()
+        ready = self._ready = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._run(), name=f"relay-client {self._url}")
         try:
-            await asyncio.shield(self._ready)
+            await asyncio.shield(ready)
         except asyncio.CancelledError:
             await self.close()
             raise
@@ -235,7 +235,7 @@ class Client:
             if self._failure is not None:
                 raise self._failure
             raise StopAsyncIteration
-        return event
+        return cast(Event, event)
 
     # ── requests ─────────────────────────────────────────────────────────────
     async def send(self, channel: str, text: str, idem_key: str | None = None) -> MessageAck:
@@ -247,7 +247,8 @@ class Client:
         if not 1 <= len(text) <= MAX_TEXT_LENGTH:
             raise ValueError(f"text is 1 to {MAX_TEXT_LENGTH} characters")
         frame = MessageSend(idem_key=idem_key or uuid.uuid4().hex, channel=_channel_id(channel), text=text)
-        return await self._request(frame, (frame.channel, frame.idem_key))
+        ack: MessageAck = await self._request(frame, (frame.channel, frame.idem_key))
+        return ack
 
     def agent(
         self,
@@ -315,7 +316,7 @@ class Client:
         ]
         if not in_flight:
             return False
-        request = min(in_flight, key=lambda request: request.sent)
+        request = min(in_flight, key=lambda request: request.sent or (0, 0))
         frame = request.frame
         refusal = (
             SendRefused(error, frame.idem_key)
@@ -342,7 +343,7 @@ class Client:
                 try:
                     token = await self._fresh_token()
                 except Exception as error:
-                    if not self._ready.done():
+                    if not self._was_ready:
                         raise ConnectFailed(f"the token callable failed: {type(error).__name__}") from error
                     logger.warning("the token callable failed (%s)", type(error).__name__)
                     token = None
@@ -353,7 +354,7 @@ class Client:
                     try:
                         code, acked = await self._session(token)
                     except (OSError, TimeoutError, WebSocketException, ProtocolError) as error:
-                        if not self._ready.done():
+                        if not self._was_ready:
                             raise ConnectFailed(f"{self._url}: {_describe(error)}") from error
                         logger.info("connecting to %s failed: %s", self._url, _describe(error))
                         code, acked = None, False
@@ -446,7 +447,7 @@ class Client:
         self._connection_id = ack.connection_id
         self._channels = frozenset(ack.channels)
         self._live = True
-        if self._ready.done():
+        if self._was_ready:
             self._emit(Reconnected(ack.connection_id))
         # A channel the cursor did not name (the first connection, or one joined while away): its
         # history comes from the endpoint, merged with the live messages as they arrive.
@@ -485,9 +486,11 @@ class Client:
 
     def _on_snapshot(self, snapshot: PresenceSnapshot) -> None:
         online = set(snapshot.online)
-        if not self._ready.done():
+        if not self._was_ready:
             self._online = online
-            self._ready.set_result(None)
+            self._was_ready = True
+            if self._ready is not None:
+                self._ready.set_result(None)
             return
         # After a reconnect the application hears what changed while it was away, as changes, so
         # one that applies every PresenceChanged in order holds what `online` holds.
@@ -600,7 +603,7 @@ class Agent:
         self.capability = capability
         self.ttl = ttl
         self.registered_at: str | None = None
-        self._heartbeat: asyncio.Task | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
         client = self.client

@@ -11,9 +11,12 @@ import json
 import types
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from relay_client.exceptions import ProtocolError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 # ── server → client ──────────────────────────────────────────────────────────
@@ -155,7 +158,7 @@ class Reconnected:
 
 Event = PresenceChanged | MessageCreated | Error | Disconnected | Reconnected
 
-F = TypeVar("F")
+F = TypeVar("F", bound="DataclassInstance")
 
 
 def parse_frame(raw: str | bytes) -> ServerFrame | None:
@@ -201,7 +204,7 @@ def frame_text(frame: ClientFrame) -> str:
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: "type[DataclassInstance]") -> dict[str, Any]:
     return get_type_hints(cls)
 
 

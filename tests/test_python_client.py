@@ -106,6 +106,7 @@ async def test_connect_gives_the_snapshot_and_send_answers_with_the_ack(live_ins
     await linh.close()
     await app.finished()
     assert app.stopped_by is None and app.ended
+    assert app.disconnects() == [], "close() is not a lost connection"
 
 
 async def test_a_refused_send_raises_with_its_code_and_the_next_send_still_works(live_instances, cast):

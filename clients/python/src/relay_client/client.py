@@ -436,7 +436,7 @@ class Client:
             if self._ws is ws:
                 self._ws = None
             await ws.close()
-            if acked:
+            if acked and not self._closed:
                 self._on_disconnected(code)
 
     async def _on_ack(self, ack: ConnectionAck) -> None:

@@ -10,19 +10,28 @@ the fixtures before the browser starts, and the test database is flushed after
 the browser has stopped (fixture order sees to both).
 """
 
+import asyncio
+import json
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from django.db import connections
+from playwright.sync_api import Browser, Locator, Page, Request, expect, sync_playwright
 
+from relay.models import Channel, User
+from tests.chat_helpers import store_history
 from tests.conftest import PHASE_REPORTS
+from tests.scripted_relay import Connection, Script, ScriptedRelay, message
 from tests.support import BASE_DIR, Instance
 
 pytestmark = [pytest.mark.live, pytest.mark.browser]
@@ -291,3 +300,124 @@ def test_a_refused_token_signs_the_page_out_and_it_stops_reconnecting(chromium, 
     time.sleep(1.5)
     assert len(sockets) == 1, "\n".join([*sockets, *chromium.console["tuan"], relay.log_path.read_text()[-3000:]])
     assert tuan.evaluate("sessionStorage.getItem('relay.demo.session')") is None
+
+
+def store_without_fanout(channel_name: str, author: str, count: int) -> None:
+    """Store messages in a local channel and publish nothing, so the next live seq skips them.
+
+    In another thread: Playwright's loop runs in this one, and Django refuses database calls here.
+    """
+
+    def store() -> None:
+        try:
+            channel = Channel.objects.get(environment__name="local", name=channel_name)
+            store_history(channel, User.objects.get(environment=channel.environment, external_id=author), count)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(store).result()
+
+
+def test_after_its_instance_dies_b_resumes_and_fills_a_skipped_seq_from_the_history(chromium, relays):
+    one, two = relays(2)
+    linh, tuan = chromium.open("linh"), chromium.open("tuan")
+    sign_in(linh, one, "Linh")
+    sign_in(tuan, two, "Tuan")
+    open_channel(linh, "general")
+    open_channel(tuan, "general")
+    history_reads: list[Request] = []
+    tuan.on("request", lambda request: "/messages?" in request.url and history_reads.append(request))
+    send(linh, "before the crash")
+    expect(texts(tuan)).to_have_text(["before the crash"], timeout=WAIT_MS)
+
+    two.kill()
+    expect(tuan.locator("#status")).to_have_attribute("data-connection", "disconnected", timeout=WAIT_MS)
+    send(linh, "while Tuan was away")
+    expect(texts(linh)).to_have_text(["before the crash", "while Tuan was away"], timeout=WAIT_MS)
+    store_without_fanout("general", "linh", 1)
+    two.start()
+    # The resume brings both missed messages (seq 2, and seq 3 that no instance ever published).
+    expect(tuan.locator("#status")).to_have_attribute("data-connection", "connected", timeout=WAIT_MS)
+    expect(texts(tuan)).to_have_text(["before the crash", "while Tuan was away", "message 3"], timeout=WAIT_MS)
+    assert history_reads == [], "the resume, not the history, brought what was missed"
+
+    # Live, seq 4 is never published and seq 5 is: the page reads 4 from the history with its token.
+    store_without_fanout("general", "linh", 1)
+    send(linh, "after the gap")
+    expected = ["before the crash", "while Tuan was away", "message 3", "message 4", "after the gap"]
+    expect(texts(tuan)).to_have_text(expected, timeout=WAIT_MS)
+    assert [item.get_attribute("data-seq") for item in tuan.locator("#messages li").all()] == ["1", "2", "3", "4", "5"]
+    token = tuan.evaluate("JSON.parse(sessionStorage.getItem('relay.demo.session')).token")
+    assert [(re.sub(r".*\?", "", r.url), r.headers["authorization"]) for r in history_reads] == [
+        ("after=3&limit=1", f"Bearer {token}")
+    ]
+    expect(dot(tuan, "linh")).to_have_attribute("data-presence", "online", timeout=WAIT_MS)
+
+
+@contextmanager
+def scripted_relay(script: Script) -> Iterator[ScriptedRelay]:
+    """A ScriptedRelay on its own event loop in a thread (Playwright's sync API holds this thread's)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = ScriptedRelay(script)
+    asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(10)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.__aexit__(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+CHANNEL = "0b9e3c55-1d1f-4d9a-9a50-4cbb8d5ad001"
+# Runs in a page of the relay's origin: the client module, pointed at the scripted server.
+RUN_CLIENT = """async ([url, channel]) => {
+    const { RelayClient } = await import("/static/web/client.js");
+    window.seen = { messages: [], closes: [], errors: [] };
+    const client = new RelayClient({
+        url, token: "t", cursor: { [channel]: 0 }, gapWaitMs: 60000, retryBaseMs: 50, retryCapMs: 200,
+    });
+    client.addEventListener("message", (event) => window.seen.messages.push(event.detail.seq));
+    client.addEventListener("disconnected", (event) => window.seen.closes.push(event.detail.code));
+    client.addEventListener("relay-error", (event) => window.seen.errors.push(event.detail.code));
+    window.client = client;
+    await client.connect();
+}"""
+
+
+def test_the_browser_client_resumes_from_the_highest_contiguous_seq_after_a_4008(chromium, relays):
+    junk = [
+        "not json",
+        json.dumps({"type": "presence.teleported", "payload": {}}),
+        json.dumps({"type": "message.created", "payload": {"seq": "1"}}),
+    ]
+
+    async def script(connection: Connection) -> None:
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        if len(server.connections) == 1:
+            for frame in junk:
+                await connection.send_raw(frame)
+            await connection.send("message.created", message(CHANNEL, 1))
+            await connection.send("message.created", message(CHANNEL, 3))  # 2 is late: held, not shown
+            await asyncio.sleep(0.5)
+            await connection.socket.close(4008)  # a slow reader, cut loose: the client comes back
+            return
+        for seq in (2, 3, 4):  # the resume from the cursor, then a live one
+            await connection.send("message.created", message(CHANNEL, seq))
+        await connection.send("error", {"code": "internal", "message": "a handler failed"})
+        await connection.drain()
+
+    (relay,) = relays(1)
+    page = chromium.open("scripted")
+    page.goto(f"{relay.http_url}/healthz")
+    with scripted_relay(script) as server:
+        page.evaluate(RUN_CLIENT, [server.url, CHANNEL])
+        page.wait_for_function("window.seen.errors.length === 1", timeout=WAIT_MS)
+        seen = page.evaluate("window.seen")
+        assert seen == {"messages": [1, 2, 3, 4], "closes": [4008], "errors": ["internal"]}
+        assert [connection.cursor for connection in server.connections] == [{CHANNEL: 0}, {CHANNEL: 1}]
+        assert server.history_requests == []
+        page.evaluate("window.client.close()")

@@ -1,292 +1,507 @@
-// The Relay demo client, and the reference for client authors.
+// @ts-check
+// The Relay browser client: one user's connection, kept up across instance deaths, restarts and
+// drops. An ES module with no dependency and no build step; the demo page (demo.js) uses it, and
+// so may any page. The rules it follows are the Python client's (docs/clients.md):
 //
-// Everything a client must do with Relay's WebSocket (docs/contract.md, section 3)
-// is in the first half of this file: connect with a token and a cursor, apply
-// presence, show each message once, send idempotently, reconnect with back-off.
-// The second half only draws the page. No framework and no build step.
-"use strict";
+// - Reconnect with jittered exponential back-off after any close but a refusal (4401, 4429);
+//   after a refusal only if the token function gives a token other than the one refused.
+// - Per channel, deliver only the next seq and hold a later one. A held seq is a gap: wait
+//   `gapWaitMs` for the live frame that is merely late (two instances publish independently),
+//   then read the missing ones from the history endpoint with the connection token.
+// - Resume with the cursor of the highest contiguous seq delivered per channel, never the highest
+//   seen: what was held is sent again by the resume, and what was missing comes with it.
+// - A send stays pending until acknowledged and goes again, with the same idem_key, on every new
+//   connection: the server answers a repeated idem_key with the first one's ack, so it lands once.
 
-// ── The protocol ─────────────────────────────────────────────────────────────
-const CLOSE_UNAUTHORIZED = 4401; // bad, expired or revoked token: retrying cannot help
-const CLOSE_TOO_MANY = 4429; // this user holds too many connections already
-const RETRY_BASE_MS = 500;
-// A 4429 clears only when another of the user's tabs closes: hurrying just adds load.
-const RETRY_TOO_MANY_BASE_MS = 10_000;
-const RETRY_CAP_MS = 30_000;
+/** @typedef {{connection_id: string, user: string, channels: string[]}} ConnectionAck */
+/** @typedef {{online: string[]}} PresenceSnapshot */
+/** @typedef {{user: string, state: "online" | "offline"}} PresenceChanged */
+/** @typedef {{idem_key: string, id: string, channel: string, seq: number}} MessageAck */
+/** @typedef {{id: string, channel: string, seq: number, user: string, text: string, created_at: string}} MessageCreated */
+/** @typedef {{code: string, message: string, type?: string}} ErrorPayload */
+/** @typedef {string | (() => string | Promise<string>)} TokenSource */
+/**
+ * @typedef {object} SendRequest
+ * @property {{idem_key: string, channel: string, text: string}} payload
+ * @property {Promise<MessageAck>} promise
+ * @property {(ack: MessageAck) => void} resolve
+ * @property {(error: Error) => void} reject
+ * @property {[number, number] | null} sent (connection serial, order) of its last transmission
+ */
 
-const state = {
-  session: null, // {token, user: {id, name}, channels: [{id, name, type, members}]}
-  socket: null,
-  ready: false, // true from connection.ack until the socket closes
-  retries: 0, // failed attempts since the last connection.ack
-  retryTimer: null,
-  online: new Set(), // user ids: the snapshot, then each presence.changed in arrival order
-  lastSeq: new Map(), // channel id -> highest seq shown; the next connection's cursor
-  pending: new Map(), // idem_key -> message.send payload the server has not answered yet
-  messages: new Map(), // channel id -> message.created payloads, in seq order
-  unread: new Map(), // channel id -> messages arrived while another channel was on screen
-  selected: null, // channel id on screen
+/**
+ * The events a RelayClient dispatches (each a CustomEvent whose `detail` is shown):
+ * - "presence": PresenceChanged. After a reconnect, the differences from the new snapshot come as these.
+ * - "message": MessageCreated, each once and in seq order per channel.
+ * - "relay-error": ErrorPayload, an `error` frame that answered no send.
+ * - "connected": ConnectionAck, the first connection (`connect()` resolves after its snapshot).
+ * - "disconnected": {code: number, retryInMs: number}; `online` is the last view until "reconnected".
+ * - "reconnected": ConnectionAck.
+ * - "stopped": {code: number}: refused (4401, 4429) with no new token; the client will not reconnect.
+ * @typedef {"presence" | "message" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
+ */
+
+export const CLOSE_UNAUTHORIZED = 4401;
+export const CLOSE_TOO_MANY = 4429;
+const REFUSALS = new Set([CLOSE_UNAUTHORIZED, CLOSE_TOO_MANY]);
+// The contract's bounds on `text`: a frame over 1 MiB is answered with a close (1009), and a
+// pending send that goes again after every reconnect would loop on it.
+export const MAX_TEXT_LENGTH = 16_384;
+const HISTORY_PAGE = 500; // the endpoint's largest page
+
+// The JSON shape of each server frame this client acts on; one that does not fit is ignored whole.
+/** @type {Record<string, Record<string, string>>} */
+const SHAPES = {
+  "connection.ack": { connection_id: "string", user: "string", channels: "string[]" },
+  "presence.snapshot": { online: "string[]" },
+  "presence.changed": { user: "string", state: "state" },
+  "message.ack": { idem_key: "string", id: "string", channel: "string", seq: "seq" },
+  "message.created": { id: "string", channel: "string", seq: "seq", user: "string", text: "string", created_at: "string" },
+  error: { code: "string", message: "string", type: "string?" },
 };
 
-function connect() {
-  // The cursor names every channel, 0 where this page has seen nothing: the server
-  // first sends what the page missed (everything, the first time), in seq order,
-  // then live messages. So a reconnect loses nothing and repeats nothing.
-  const cursor = Object.fromEntries(state.lastSeq);
-  const query = `token=${encodeURIComponent(state.session.token)}&cursor=${encodeURIComponent(JSON.stringify(cursor))}`;
-  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  const socket = new WebSocket(`${scheme}//${location.host}/v1/ws?${query}`);
-  socket.onmessage = (event) => {
-    const frame = JSON.parse(event.data);
-    // Ignore types this client does not know: the server may add new ones.
-    if (Object.hasOwn(handlers, frame.type)) handlers[frame.type](frame.payload);
-  };
-  // Only the current socket may schedule a reconnect; a signed-out one is forgotten.
-  socket.onclose = (event) => socket === state.socket && disconnected(event.code);
-  state.socket = socket;
-  showStatus("connecting", "Connecting…");
-}
-
-const handlers = {
-  "connection.ack"() {
-    state.ready = true;
-    state.retries = 0;
-    showStatus("connected", `Connected as ${state.session.user.name || state.session.user.id}`);
-    // A send whose answer was lost with the old socket goes again with the same
-    // idem_key: the server acknowledges it again and never stores it twice.
-    for (const payload of state.pending.values()) send("message.send", payload);
-    renderComposer();
-  },
-  "presence.snapshot"({ online }) {
-    state.online = new Set(online);
-    renderMembers();
-  },
-  "presence.changed"({ user, state: presence }) {
-    if (presence === "online") state.online.add(user);
-    else state.online.delete(user);
-    renderMembers();
-  },
-  "message.created"(message) {
-    const seen = state.lastSeq.get(message.channel);
-    // Unknown channel (joined after sign-in) or already shown: the cursor means the
-    // server never repeats one, and this check keeps a repeat harmless anyway.
-    if (seen === undefined || message.seq <= seen) return;
-    state.lastSeq.set(message.channel, message.seq);
-    state.messages.get(message.channel).push(message);
-    showMessage(message);
-  },
-  "message.ack"({ idem_key }) {
-    state.pending.delete(idem_key);
-  },
-  error({ code, message, type }) {
-    // Relay answers one connection's frames in the order they came, so an error
-    // about message.send answers the oldest send still waiting.
-    if (type === "message.send") state.pending.delete(state.pending.keys().next().value);
-    showStatus("connected", `The server refused a ${type || "frame"}: ${code}: ${message}`);
-  },
+/** @type {Record<string, (value: unknown) => boolean>} */
+const FITS = {
+  string: (value) => typeof value === "string",
+  "string?": (value) => value === undefined || typeof value === "string",
+  "string[]": (value) => Array.isArray(value) && value.every((item) => typeof item === "string"),
+  seq: (value) => Number.isSafeInteger(value),
+  state: (value) => value === "online" || value === "offline",
 };
 
-function disconnected(code) {
-  state.socket = null;
-  state.ready = false;
-  state.online.clear(); // nobody's presence is known while disconnected
-  renderMembers();
-  renderComposer();
-  if (code === CLOSE_UNAUTHORIZED) {
-    signOut("Signed out: the server refused the token (expired, revoked or rotated).");
-    return;
+/**
+ * The frame a text holds, or null for one this client cannot use (never a reason to drop the connection).
+ * @param {unknown} data
+ * @returns {{type: string, payload: any} | null}
+ */
+export function parseFrame(data) {
+  if (typeof data !== "string") return null;
+  let frame;
+  try {
+    frame = JSON.parse(data);
+  } catch {
+    return null;
   }
-  // Capped exponential back-off with jitter: when an instance dies, its clients
-  // spread their reconnects instead of all arriving at the survivors at once.
-  const base = code === CLOSE_TOO_MANY ? RETRY_TOO_MANY_BASE_MS : RETRY_BASE_MS;
-  const ceiling = Math.min(RETRY_CAP_MS, base * 2 ** state.retries);
-  const delay = ceiling / 2 + Math.random() * (ceiling / 2);
-  state.retries += 1;
-  const why = code === CLOSE_TOO_MANY ? "Too many open connections for this user" : "Disconnected";
-  showStatus("disconnected", `${why}; retrying in ${Math.ceil(delay / 1000)} s`);
-  state.retryTimer = setTimeout(connect, delay);
+  return frame && typeof frame === "object" && fits(frame.type, frame.payload) ? frame : null;
 }
 
-function send(type, payload) {
-  state.socket.send(JSON.stringify({ type, payload }));
+/**
+ * Whether `payload` is a well-formed payload of the server frame `type` (extra fields are allowed).
+ * @param {unknown} type
+ * @param {any} payload
+ */
+function fits(type, payload) {
+  const shape = typeof type === "string" ? SHAPES[type] : undefined;
+  if (!shape || !payload || typeof payload !== "object" || Array.isArray(payload)) return false;
+  return Object.entries(shape).every(([field, kind]) => FITS[kind](payload[field]));
 }
 
-function sendMessage(channel, text) {
-  const payload = { idem_key: newIdemKey(), channel, text };
-  state.pending.set(payload.idem_key, payload);
-  if (state.ready) send("message.send", payload); // else it goes on the next connection.ack
+/** The instance's WebSocket base for a page it served: ws(s)://host. */
+export function sameOriginUrl() {
+  return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}`;
 }
 
-// crypto.randomUUID exists only on secure origins (https, localhost); a page opened
-// at http://<LAN address> still gets 128 random bits.
+export class RelayClient extends EventTarget {
+  #url;
+  #httpUrl;
+  /** @type {TokenSource} */
+  #tokenSource;
+  #token = "";
+  #gapWaitMs;
+  #openTimeoutMs;
+  #retryBaseMs;
+  #retryCapMs;
+
+  /** @type {string | null} */
+  #user = null;
+  /** @type {Set<string>} */
+  #online = new Set();
+  /** @type {Map<string, number>} channel -> highest contiguous seq delivered */
+  #positions;
+  /** @type {Map<string, Map<number, MessageCreated>>} channel -> seqs held behind a gap */
+  #held = new Map();
+  /** @type {Map<string, number>} channel -> the connection serial its running fill belongs to */
+  #fills = new Map();
+  /** @type {Map<string, SendRequest>} channel and idem_key -> a send not yet answered */
+  #pending = new Map();
+
+  /** @type {WebSocket | null} */
+  #socket = null;
+  #serial = 0; // counts connections; work started for one checks it is still current
+  #order = 0;
+  #live = false;
+  #started = false;
+  #stopped = false;
+  #failures = 0;
+  /** @type {{code: number, token: string} | null} */
+  #refused = null;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  #retryTimer;
+  /** @type {{resolve: () => void, reject: (error: Error) => void} | null} */
+  #ready = null;
+
+  /**
+   * @param {object} options
+   * @param {TokenSource} options.token a token, or a function (maybe async) called for a fresh one before every connection
+   * @param {string} [options.url] the instance's base, ws(s)://host[:port]; the page's own origin by default
+   * @param {Record<string, number>} [options.cursor] {channel: last seq the page has}; default: each channel's whole history first
+   * @param {number} [options.gapWaitMs] how long a skipped seq may be merely late before the history is read
+   * @param {number} [options.openTimeoutMs] how long connection.ack and presence.snapshot may take
+   * @param {number} [options.retryBaseMs] the reconnect back-off's first step
+   * @param {number} [options.retryCapMs] and its ceiling
+   */
+  constructor({
+    token,
+    url = sameOriginUrl(),
+    cursor = {},
+    gapWaitMs = 500,
+    openTimeoutMs = 10_000,
+    retryBaseMs = 500,
+    retryCapMs = 30_000,
+  }) {
+    super();
+    this.#url = url.replace(/\/+$/, "");
+    this.#httpUrl = this.#url.replace(/^ws/, "http");
+    this.#tokenSource = token;
+    this.#positions = new Map(Object.entries(cursor));
+    this.#gapWaitMs = gapWaitMs;
+    this.#openTimeoutMs = openTimeoutMs;
+    this.#retryBaseMs = retryBaseMs;
+    this.#retryCapMs = retryCapMs;
+  }
+
+  /** The user ids online among the user's co-members: the snapshot, then every change. */
+  get online() {
+    return new Set(this.#online);
+  }
+
+  /** The connected user, from the first connection.ack. */
+  get user() {
+    return this.#user;
+  }
+
+  /** Whether a connection is up (acknowledged and not closed). */
+  get connected() {
+    return this.#live;
+  }
+
+  /** The highest contiguous seq delivered per channel: keep it to start a later client from it. */
+  get cursor() {
+    return Object.fromEntries(this.#positions);
+  }
+
+  /**
+   * Connect; resolves once connection.ack and presence.snapshot arrived. A page has nobody to
+   * report a network failure to, so the first connection is retried like any later one; the
+   * promise rejects only when the client stops (a refusal, or close()).
+   * @returns {Promise<void>}
+   */
+  connect() {
+    if (this.#started) throw new Error("connect() was already called");
+    this.#started = true;
+    return new Promise((resolve, reject) => {
+      this.#ready = { resolve, reject };
+      this.#open();
+    });
+  }
+
+  /** Close the connection and stop reconnecting; pending sends reject. */
+  close() {
+    this.#stop(1000, "closed");
+  }
+
+  /**
+   * Send a message; resolves with its ack once the server stored it. Sent again with the same
+   * idem_key after a reconnect until acknowledged, so it lands once.
+   * @param {string} channel
+   * @param {string} text
+   * @param {string} [idemKey]
+   * @returns {Promise<MessageAck>}
+   */
+  send(channel, text, idemKey = newIdemKey()) {
+    if (this.#stopped) return Promise.reject(new Error("the client is stopped"));
+    if (text.length < 1 || text.length > MAX_TEXT_LENGTH) {
+      return Promise.reject(new RangeError(`text is 1 to ${MAX_TEXT_LENGTH} characters`));
+    }
+    const key = `${channel} ${idemKey}`;
+    const existing = this.#pending.get(key);
+    if (existing) return existing.promise;
+    /** @type {SendRequest} */
+    const request = { payload: { idem_key: idemKey, channel, text }, promise: Promise.resolve(), resolve() {}, reject() {}, sent: null };
+    request.promise = new Promise((resolve, reject) => Object.assign(request, { resolve, reject }));
+    this.#pending.set(key, request);
+    this.#transmit(request);
+    return request.promise;
+  }
+
+  // ── the connection loop ────────────────────────────────────────────────────
+  async #open() {
+    let token;
+    try {
+      token = await this.#freshToken();
+    } catch {
+      this.#retry(1006);
+      return;
+    }
+    if (this.#stopped) return;
+    if (this.#refused && token === this.#refused.token) {
+      this.#stop(this.#refused.code, "refused");
+      return;
+    }
+    this.#refused = null;
+    let query = `token=${encodeURIComponent(token)}`;
+    if (this.#positions.size) query += `&cursor=${encodeURIComponent(JSON.stringify(Object.fromEntries(this.#positions)))}`;
+    const socket = new WebSocket(`${this.#url}/v1/ws?${query}`);
+    const serial = ++this.#serial;
+    this.#socket = socket;
+    let acked = false;
+    let snapshotted = false;
+    // The ack and the snapshot must come in time; after them, nothing is due.
+    const deadline = setTimeout(() => snapshotted || socket.close(1000, "no ack and snapshot in time"), this.#openTimeoutMs);
+    socket.onmessage = (event) => {
+      if (socket !== this.#socket) return;
+      const frame = parseFrame(event.data);
+      if (frame === null) return; // unknown or malformed: the server may add types
+      if (!acked) {
+        if (frame.type !== "connection.ack") return;
+        acked = true;
+        this.#onAck(frame.payload);
+        return;
+      }
+      if (frame.type === "presence.snapshot") snapshotted = true;
+      this.#onFrame(frame);
+    };
+    socket.onclose = (event) => {
+      clearTimeout(deadline);
+      if (socket !== this.#socket) return;
+      this.#socket = null;
+      this.#live = false;
+      if (acked) this.#onDisconnected();
+      if (REFUSALS.has(event.code)) {
+        if (typeof this.#tokenSource === "string") {
+          this.#stop(event.code, "refused");
+          return;
+        }
+        this.#refused = { code: event.code, token };
+      }
+      if (acked) this.#failures = 0;
+      this.#retry(event.code, acked && serial === this.#serial);
+    };
+  }
+
+  async #freshToken() {
+    const source = this.#tokenSource;
+    const token = typeof source === "string" ? source : await source();
+    if (typeof token !== "string" || !token) throw new TypeError("the token function must return a non-empty string");
+    this.#token = token;
+    return token;
+  }
+
+  /**
+   * Wait out the back-off, then connect again.
+   * @param {number} code the close code that ended the last attempt
+   * @param {boolean} [announce] whether an acknowledged connection just ended
+   */
+  #retry(code, announce = false) {
+    // Jittered, so the clients of a dead instance spread their returns over the survivors.
+    const ceiling = Math.min(this.#retryCapMs, this.#retryBaseMs * 2 ** Math.min(this.#failures, 32));
+    const delay = ceiling / 2 + Math.random() * (ceiling / 2);
+    this.#failures += 1;
+    if (announce) this.#emit("disconnected", { code, retryInMs: delay });
+    this.#retryTimer = setTimeout(() => this.#open(), delay);
+  }
+
+  /**
+   * @param {number} code
+   * @param {string} reason
+   */
+  #stop(code, reason) {
+    if (this.#stopped) return;
+    this.#stopped = true;
+    this.#live = false;
+    clearTimeout(this.#retryTimer);
+    const socket = this.#socket;
+    this.#socket = null;
+    socket?.close(1000);
+    const error = Object.assign(new Error(`the client stopped: ${reason} (${code})`), { code });
+    for (const request of this.#pending.values()) request.reject(error);
+    this.#pending.clear();
+    if (this.#ready) this.#ready.reject(error);
+    this.#ready = null;
+    if (reason !== "closed") this.#emit("stopped", { code });
+  }
+
+  /** @param {ConnectionAck} ack */
+  #onAck(ack) {
+    if (this.#user === null) this.#user = ack.user;
+    this.#live = true;
+    if (!this.#ready) this.#emit("reconnected", ack);
+    else this.#emit("connected", ack);
+    // A channel the cursor did not name (the first connection, or one joined while away): its
+    // history comes from the endpoint, merged with the live messages as they arrive.
+    for (const channel of ack.channels) {
+      if (!this.#positions.has(channel)) {
+        this.#positions.set(channel, 0);
+        this.#fill(channel, true, 0);
+      }
+    }
+    for (const request of this.#pending.values()) this.#transmit(request);
+  }
+
+  /** @param {{type: string, payload: any}} frame */
+  #onFrame({ type, payload }) {
+    if (type === "presence.snapshot") this.#onSnapshot(payload);
+    else if (type === "presence.changed") {
+      if (payload.state === "online") this.#online.add(payload.user);
+      else this.#online.delete(payload.user);
+      this.#emit("presence", payload);
+    } else if (type === "message.created") this.#accept(payload);
+    else if (type === "message.ack") {
+      const request = this.#pending.get(`${payload.channel} ${payload.idem_key}`);
+      if (request) {
+        this.#pending.delete(`${payload.channel} ${payload.idem_key}`);
+        request.resolve(payload);
+      }
+    } else if (type === "error") {
+      if (!(payload.type === "message.send" && this.#refuseOldestSend(payload))) this.#emit("relay-error", payload);
+    }
+  }
+
+  /** @param {PresenceSnapshot} snapshot */
+  #onSnapshot({ online }) {
+    const now = new Set(online);
+    if (this.#ready) {
+      this.#online = now;
+      this.#ready.resolve();
+      this.#ready = null;
+      return;
+    }
+    // After a reconnect the page hears what changed while it was away, as changes.
+    for (const user of [...now].filter((user) => !this.#online.has(user)).sort()) {
+      this.#online.add(user);
+      this.#emit("presence", { user, state: "online" });
+    }
+    for (const user of [...this.#online].filter((user) => !now.has(user)).sort()) {
+      this.#online.delete(user);
+      this.#emit("presence", { user, state: "offline" });
+    }
+  }
+
+  #onDisconnected() {
+    // The resume sends everything after the contiguous position again: what was held is
+    // redundant, and a fill in progress would only race it (it checks the serial).
+    this.#held.clear();
+    this.#fills.clear();
+  }
+
+  /**
+   * An error about message.send answers the oldest send in flight on this connection: Relay
+   * answers one connection's frames in the order they came.
+   * @param {ErrorPayload} error
+   */
+  #refuseOldestSend(error) {
+    let oldest = null;
+    for (const [key, request] of this.#pending) {
+      if (request.sent?.[0] === this.#serial && (!oldest || request.sent[1] < oldest[1].sent[1])) oldest = [key, request];
+    }
+    if (!oldest) return false;
+    this.#pending.delete(oldest[0]);
+    oldest[1].reject(Object.assign(new Error(`${error.code}: ${error.message}`), { code: error.code }));
+    return true;
+  }
+
+  /** @param {SendRequest} request */
+  #transmit(request) {
+    const socket = this.#socket;
+    if (!this.#live || !socket || request.sent?.[0] === this.#serial) return;
+    request.sent = [this.#serial, this.#order++];
+    socket.send(JSON.stringify({ type: "message.send", payload: request.payload }));
+  }
+
+  // ── messages: in seq order, once ───────────────────────────────────────────
+  /** @param {MessageCreated} message */
+  #accept(message) {
+    const { channel } = message;
+    let position = this.#positions.get(channel) ?? 0;
+    this.#positions.set(channel, position);
+    if (message.seq <= position) return;
+    let held = this.#held.get(channel);
+    if (!held) this.#held.set(channel, (held = new Map()));
+    if (message.seq > position + 1) {
+      if (!held.has(message.seq)) held.set(message.seq, message);
+      this.#fill(channel, false, this.#gapWaitMs);
+      return;
+    }
+    /** @type {MessageCreated | undefined} */
+    let next = message;
+    while (next) {
+      this.#emit("message", next);
+      position = next.seq;
+      next = held.get(position + 1);
+      held.delete(position + 1);
+    }
+    this.#positions.set(channel, position);
+    if (!held.size) this.#held.delete(channel);
+  }
+
+  /**
+   * Read the channel's history after its position: to the newest (`toEnd`), then while anything is held.
+   * @param {string} channel
+   * @param {boolean} toEnd
+   * @param {number} delayMs
+   */
+  async #fill(channel, toEnd, delayMs) {
+    if (this.#fills.get(channel) === this.#serial) return; // a running fill reads on until nothing is held
+    const serial = this.#serial;
+    this.#fills.set(channel, serial);
+    try {
+      await new Promise((resolve) => setTimeout(resolve, delayMs));
+      while (serial === this.#serial && !this.#stopped && (toEnd || this.#held.get(channel)?.size)) {
+        const position = this.#positions.get(channel) ?? 0;
+        const held = this.#held.get(channel);
+        const limit = toEnd || !held ? HISTORY_PAGE : Math.min(HISTORY_PAGE, Math.min(...held.keys()) - 1 - position);
+        const url = `${this.#httpUrl}/v1/channels/${encodeURIComponent(channel)}/messages?after=${position}&limit=${limit}`;
+        let response;
+        let page;
+        try {
+          response = await fetch(url, { headers: { Authorization: `Bearer ${this.#token}` } });
+          page = response.ok ? await response.json() : null;
+        } catch {
+          page = null;
+        }
+        if (serial !== this.#serial) return;
+        if (response?.status === 404) {
+          this.#held.delete(channel); // no longer a member: nothing more of it will come
+          return;
+        }
+        if (!page || !Array.isArray(page.messages)) {
+          // The resume delivers the same messages: reconnecting is the fallback.
+          this.#socket?.close(1000, "history unavailable");
+          return;
+        }
+        for (const message of page.messages) {
+          if (fits("message.created", message) && message.channel === channel) this.#accept(message);
+        }
+        if (this.#positions.get(channel) === position && (page.messages.length || this.#held.get(channel)?.size)) return;
+        if (page.next_after === null || page.next_after === undefined) toEnd = false;
+      }
+    } finally {
+      if (this.#fills.get(channel) === serial) this.#fills.delete(channel);
+    }
+  }
+
+  /**
+   * @param {RelayEventType} type
+   * @param {unknown} detail
+   */
+  #emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}
+
+// crypto.randomUUID exists only on secure origins (https, localhost); a page opened at
+// http://<LAN address> still gets 128 random bits.
 function newIdemKey() {
   if (crypto.randomUUID) return crypto.randomUUID();
   return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
 }
-
-// ── Signing in (the demo's shortcut: a real app's backend mints the token) ───
-const SESSION_KEY = "relay.demo.session";
-
-async function signIn(userId) {
-  $("sign-in-error").textContent = "";
-  const response = await fetch("/demo/session", {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ user: userId }),
-  });
-  const body = await response.json();
-  if (!response.ok) {
-    $("sign-in-error").textContent = body.error?.message ?? `sign-in failed (${response.status})`;
-    return;
-  }
-  sessionStorage.setItem(SESSION_KEY, JSON.stringify(body));
-  start(body);
-}
-
-function start(session) {
-  state.session = session;
-  state.lastSeq = new Map(session.channels.map((channel) => [channel.id, 0]));
-  state.messages = new Map(session.channels.map((channel) => [channel.id, []]));
-  state.unread.clear();
-  state.pending.clear();
-  state.selected = session.channels[0]?.id ?? null;
-  $("sign-in-view").hidden = true;
-  $("chat-view").hidden = false;
-  $("sign-out").hidden = false;
-  $("whoami").hidden = false;
-  $("whoami").textContent = `${session.user.name || session.user.id} (${session.user.id})`;
-  renderChannel();
-  connect();
-}
-
-function signOut(reason) {
-  clearTimeout(state.retryTimer);
-  const socket = state.socket;
-  state.socket = null;
-  state.ready = false;
-  state.session = null;
-  socket?.close(1000);
-  sessionStorage.removeItem(SESSION_KEY);
-  $("chat-view").hidden = true;
-  $("sign-out").hidden = true;
-  $("whoami").hidden = true;
-  $("sign-in-view").hidden = false;
-  showStatus("signed-out", reason ?? "Signed out");
-}
-
-// ── Drawing the page: data goes in through textContent only, never as HTML ───
-const $ = (id) => document.getElementById(id);
-
-function el(tag, attributes = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
-  node.append(...children); // strings become text nodes
-  return node;
-}
-
-function showStatus(connection, text) {
-  $("status").dataset.connection = connection;
-  $("status").textContent = text;
-}
-
-function selectedChannel() {
-  return state.session.channels.find((channel) => channel.id === state.selected);
-}
-
-function select(channelId) {
-  state.selected = channelId;
-  state.unread.delete(channelId);
-  renderChannel();
-}
-
-function renderChannel() {
-  renderChannelList();
-  renderMembers();
-  $("channel-name").textContent = selectedChannel() ? `#${selectedChannel().name}` : "No channels";
-  $("messages").replaceChildren(...(state.messages.get(state.selected) ?? []).map(messageItem));
-  renderComposer();
-  scrollToEnd();
-}
-
-function renderChannelList() {
-  const items = state.session.channels.map((channel) => {
-    const button = el("button", { type: "button", "data-channel-name": channel.name }, `#${channel.name}`);
-    if (channel.id === state.selected) button.setAttribute("aria-current", "true");
-    const unread = state.unread.get(channel.id);
-    if (unread) button.append(" ", el("span", { class: "badge" }, `${unread} new`));
-    button.addEventListener("click", () => select(channel.id));
-    return el("li", {}, button);
-  });
-  $("channels").replaceChildren(...items);
-}
-
-function renderMembers() {
-  if (!state.session) return;
-  const members = selectedChannel()?.members ?? [];
-  const items = members.map((member) => {
-    const presence = state.online.has(member.id) ? "online" : "offline";
-    const you = member.id === state.session.user.id ? " (you)" : "";
-    return el(
-      "li",
-      { "data-member": member.id, "data-presence": presence },
-      el("span", { class: "dot", "aria-hidden": "true" }),
-      `${member.name || member.id}${you}`,
-      el("span", { class: "visually-hidden" }, `, ${presence}`),
-    );
-  });
-  $("members").replaceChildren(...items);
-}
-
-function nameOf(userId) {
-  const member = selectedChannel()?.members.find((m) => m.id === userId);
-  return member?.name || userId;
-}
-
-function messageItem(message) {
-  const when = new Date(message.created_at);
-  return el(
-    "li",
-    { "data-seq": message.seq },
-    el("span", { class: "author" }, nameOf(message.user)),
-    " ",
-    el("time", { datetime: message.created_at }, when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
-    el("p", { class: "text" }, message.text),
-  );
-}
-
-function showMessage(message) {
-  if (message.channel === state.selected) {
-    $("messages").append(messageItem(message));
-    scrollToEnd();
-  } else {
-    state.unread.set(message.channel, (state.unread.get(message.channel) ?? 0) + 1);
-    renderChannelList();
-  }
-}
-
-function scrollToEnd() {
-  $("messages").scrollTop = $("messages").scrollHeight;
-}
-
-function renderComposer() {
-  const usable = state.ready && state.selected !== null;
-  for (const control of $("composer").elements) control.disabled = !usable;
-}
-
-document.addEventListener("DOMContentLoaded", () => {
-  $("sign-in")?.addEventListener("submit", (event) => {
-    event.preventDefault();
-    signIn(event.submitter.value);
-  });
-  $("sign-out").addEventListener("click", () => signOut());
-  $("composer").addEventListener("submit", (event) => {
-    event.preventDefault();
-    const input = $("message-text");
-    sendMessage(state.selected, input.value);
-    input.value = "";
-    input.focus();
-  });
-  // A reload keeps the tab signed in; the cursor starts at 0, so the history comes back.
-  const saved = sessionStorage.getItem(SESSION_KEY);
-  if (saved) start(JSON.parse(saved));
-});

@@ -1,0 +1,56 @@
+"""relay-client: the Python client and agent SDK for Relay (docs/clients.md)."""
+
+from relay_client.client import AGENT_TTL, Agent, Client, TokenSource
+from relay_client.events import (
+    Disconnected,
+    Error,
+    Event,
+    MessageAck,
+    MessageCreated,
+    PresenceChanged,
+    Reconnected,
+    RegisterAck,
+)
+from relay_client.exceptions import (
+    AgentRefused,
+    ClientClosed,
+    ConnectFailed,
+    FrameRefused,
+    HistoryUnavailable,
+    IdentityMismatch,
+    ProtocolError,
+    Refused,
+    RelayError,
+    SendRefused,
+    TooManyConnections,
+    Unauthorized,
+    UserChanged,
+)
+
+__all__ = [
+    "AGENT_TTL",
+    "Agent",
+    "AgentRefused",
+    "Client",
+    "ClientClosed",
+    "ConnectFailed",
+    "Disconnected",
+    "Error",
+    "Event",
+    "FrameRefused",
+    "HistoryUnavailable",
+    "IdentityMismatch",
+    "MessageAck",
+    "MessageCreated",
+    "PresenceChanged",
+    "ProtocolError",
+    "Reconnected",
+    "Refused",
+    "RegisterAck",
+    "RelayError",
+    "SendRefused",
+    "TokenSource",
+    "TooManyConnections",
+    "Unauthorized",
+    "UserChanged",
+]

@@ -1,0 +1,256 @@
+// @ts-check
+// The Relay demo page: the demo's sign-in and the drawing. Everything about the connection —
+// reconnects, resume, gap filling, presence, idempotent sends — is client.js's; this file only
+// turns its events into the page. No framework and no build step.
+import { CLOSE_TOO_MANY, CLOSE_UNAUTHORIZED, RelayClient } from "./client.js";
+
+/** @typedef {import("./client.js").MessageCreated} MessageCreated */
+/** @typedef {{id: string, name: string}} Member */
+/** @typedef {{id: string, name: string, type: string, members: Member[]}} Channel */
+/** @typedef {{token: string, user: Member, channels: Channel[]}} Session */
+
+const SESSION_KEY = "relay.demo.session";
+
+const state = {
+  /** @type {Session | null} */
+  session: null,
+  /** @type {RelayClient | null} */
+  client: null,
+  /** @type {Map<string, MessageCreated[]>} channel id -> messages, in seq order */
+  messages: new Map(),
+  /** @type {Map<string, number>} channel id -> messages arrived while another channel was on screen */
+  unread: new Map(),
+  /** @type {string | null} channel id on screen */
+  selected: null,
+};
+
+// ── Signing in (the demo's shortcut: a real app's backend mints the token) ───
+/** @param {string} userId */
+async function signIn(userId) {
+  $("sign-in-error").textContent = "";
+  const response = await fetch("/demo/session", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ user: userId }),
+  });
+  const body = await response.json();
+  if (!response.ok) {
+    $("sign-in-error").textContent = body.error?.message ?? `sign-in failed (${response.status})`;
+    return;
+  }
+  sessionStorage.setItem(SESSION_KEY, JSON.stringify(body));
+  start(body);
+}
+
+/** @param {Session} session */
+function start(session) {
+  state.session = session;
+  state.messages = new Map(session.channels.map((channel) => [channel.id, []]));
+  state.unread.clear();
+  state.selected = session.channels[0]?.id ?? null;
+  $("sign-in-view").hidden = true;
+  $("chat-view").hidden = false;
+  $("sign-out").hidden = false;
+  $("whoami").hidden = false;
+  $("whoami").textContent = `${session.user.name || session.user.id} (${session.user.id})`;
+  renderChannel();
+
+  // The cursor names every channel at 0: the page shows each channel's history, then live messages.
+  const cursor = Object.fromEntries(session.channels.map((channel) => [channel.id, 0]));
+  const client = new RelayClient({ token: session.token, cursor });
+  state.client = client;
+  client.addEventListener("connected", () => connected(client));
+  client.addEventListener("reconnected", () => connected(client));
+  client.addEventListener("disconnected", (event) => {
+    const { retryInMs } = /** @type {CustomEvent} */ (event).detail;
+    showStatus("disconnected", `Disconnected; retrying in ${Math.ceil(retryInMs / 1000)} s`);
+    renderMembers();
+    renderComposer();
+  });
+  client.addEventListener("stopped", (event) => {
+    const { code } = /** @type {CustomEvent} */ (event).detail;
+    if (code === CLOSE_UNAUTHORIZED) signOut("Signed out: the server refused the token (expired, revoked or rotated).");
+    else if (code === CLOSE_TOO_MANY) showStatus("disconnected", "Too many open connections for this user: close another tab, then reload this one.");
+  });
+  client.addEventListener("presence", () => renderMembers());
+  client.addEventListener("message", (event) => showMessage(/** @type {CustomEvent} */ (event).detail));
+  client.addEventListener("relay-error", (event) => {
+    const { code, message, type } = /** @type {CustomEvent} */ (event).detail;
+    showStatus("connected", `The server refused a ${type || "frame"}: ${code}: ${message}`);
+  });
+  showStatus("connecting", "Connecting…");
+  // A refusal is handled by "stopped"; the promise only says the first snapshot is in.
+  client.connect().catch(() => {});
+}
+
+/** @param {RelayClient} client */
+function connected(client) {
+  if (client !== state.client || !state.session) return;
+  showStatus("connected", `Connected as ${state.session.user.name || state.session.user.id}`);
+  renderMembers();
+  renderComposer();
+}
+
+/** @param {string} [reason] */
+function signOut(reason) {
+  const client = state.client;
+  state.client = null;
+  state.session = null;
+  client?.close();
+  sessionStorage.removeItem(SESSION_KEY);
+  $("chat-view").hidden = true;
+  $("sign-out").hidden = true;
+  $("whoami").hidden = true;
+  $("sign-in-view").hidden = false;
+  showStatus("signed-out", reason ?? "Signed out");
+}
+
+/**
+ * @param {string} channel
+ * @param {string} text
+ */
+async function sendMessage(channel, text) {
+  try {
+    await state.client?.send(channel, text);
+  } catch (error) {
+    if (state.client) showStatus("connected", `The server refused the message: ${/** @type {Error} */ (error).message}`);
+  }
+}
+
+// ── Drawing the page: data goes in through textContent only, never as HTML ───
+/** @param {string} id */
+const $ = (id) => /** @type {HTMLElement & HTMLFormElement & HTMLInputElement} */ (document.getElementById(id));
+
+/**
+ * @param {string} tag
+ * @param {Record<string, string | number>} attributes
+ * @param {(Node | string)[]} children
+ */
+function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+  node.append(...children); // strings become text nodes
+  return node;
+}
+
+/**
+ * @param {string} connection
+ * @param {string} text
+ */
+function showStatus(connection, text) {
+  $("status").dataset.connection = connection;
+  $("status").textContent = text;
+}
+
+function selectedChannel() {
+  return state.session?.channels.find((channel) => channel.id === state.selected);
+}
+
+/** @param {string} channelId */
+function select(channelId) {
+  state.selected = channelId;
+  state.unread.delete(channelId);
+  renderChannel();
+}
+
+function renderChannel() {
+  renderChannelList();
+  renderMembers();
+  const channel = selectedChannel();
+  $("channel-name").textContent = channel ? `#${channel.name}` : "No channels";
+  $("messages").replaceChildren(...(state.messages.get(state.selected ?? "") ?? []).map(messageItem));
+  renderComposer();
+  scrollToEnd();
+}
+
+function renderChannelList() {
+  const items = (state.session?.channels ?? []).map((channel) => {
+    const button = el("button", { type: "button", "data-channel-name": channel.name }, `#${channel.name}`);
+    if (channel.id === state.selected) button.setAttribute("aria-current", "true");
+    const unread = state.unread.get(channel.id);
+    if (unread) button.append(" ", el("span", { class: "badge" }, `${unread} new`));
+    button.addEventListener("click", () => select(channel.id));
+    return el("li", {}, button);
+  });
+  $("channels").replaceChildren(...items);
+}
+
+function renderMembers() {
+  if (!state.session) return;
+  // Nobody's presence is known while disconnected: the dots go grey until the next snapshot.
+  const online = state.client?.connected ? state.client.online : new Set();
+  const members = selectedChannel()?.members ?? [];
+  const items = members.map((member) => {
+    const presence = online.has(member.id) ? "online" : "offline";
+    const you = member.id === state.session?.user.id ? " (you)" : "";
+    return el(
+      "li",
+      { "data-member": member.id, "data-presence": presence },
+      el("span", { class: "dot", "aria-hidden": "true" }),
+      `${member.name || member.id}${you}`,
+      el("span", { class: "visually-hidden" }, `, ${presence}`),
+    );
+  });
+  $("members").replaceChildren(...items);
+}
+
+/** @param {string} userId */
+function nameOf(userId) {
+  const member = selectedChannel()?.members.find((m) => m.id === userId);
+  return member?.name || userId;
+}
+
+/** @param {MessageCreated} message */
+function messageItem(message) {
+  const when = new Date(message.created_at);
+  return el(
+    "li",
+    { "data-seq": message.seq },
+    el("span", { class: "author" }, nameOf(message.user)),
+    " ",
+    el("time", { datetime: message.created_at }, when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
+    el("p", { class: "text" }, message.text),
+  );
+}
+
+/** @param {MessageCreated} message */
+function showMessage(message) {
+  const shown = state.messages.get(message.channel);
+  // A channel joined after sign-in is not on this page: the demo lists the channels of its session.
+  if (!shown) return;
+  shown.push(message);
+  if (message.channel === state.selected) {
+    $("messages").append(messageItem(message));
+    scrollToEnd();
+  } else {
+    state.unread.set(message.channel, (state.unread.get(message.channel) ?? 0) + 1);
+    renderChannelList();
+  }
+}
+
+function scrollToEnd() {
+  $("messages").scrollTop = $("messages").scrollHeight;
+}
+
+function renderComposer() {
+  const usable = Boolean(state.client?.connected) && state.selected !== null;
+  for (const control of $("composer").elements) /** @type {HTMLInputElement} */ (control).disabled = !usable;
+}
+
+// A module runs once the document is parsed, like a deferred script.
+$("sign-in")?.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const submitter = /** @type {HTMLButtonElement} */ (/** @type {SubmitEvent} */ (event).submitter);
+  signIn(submitter.value);
+});
+$("sign-out").addEventListener("click", () => signOut());
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("message-text");
+  if (state.selected !== null) sendMessage(state.selected, input.value);
+  input.value = "";
+  input.focus();
+});
+// A reload keeps the tab signed in; the cursor starts at 0, so the history comes back.
+const saved = sessionStorage.getItem(SESSION_KEY);
+if (saved) start(JSON.parse(saved));

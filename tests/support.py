@@ -15,18 +15,20 @@ import itertools
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
 import pytest
 import websockets
 from channels.db import database_sync_to_async
@@ -210,6 +212,26 @@ def database_url(database: dict) -> str:
         return f"sqlite:///{database['NAME']}"
     credentials = quote(database["USER"] or "") + (f":{quote(database['PASSWORD'])}" if database["PASSWORD"] else "")
     return f"postgres://{credentials}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+
+
+@contextlib.contextmanager
+def write_lock_held(database: dict, table: str) -> Iterator[None]:
+    """Hold the database's write lock on `table` from a connection of the test's own.
+
+    SQLite has one write lock for the whole file; PostgreSQL takes it per table. Either way an
+    instance's write to `table` waits until the block ends.
+    """
+    if database["ENGINE"] == "django.db.backends.sqlite3":
+        lock = sqlite3.connect(database["NAME"], isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+    else:
+        lock = psycopg.connect(database_url(database))
+        lock.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+    try:
+        yield
+    finally:
+        lock.rollback()
+        lock.close()
 
 
 def instance_env(database: str, redis_url: str, **overrides: str) -> dict[str, str]:

@@ -11,13 +11,12 @@ with DJANGO_SETTINGS_MODULE=tests.faulty_settings.
 """
 
 import asyncio
-import sqlite3
 import uuid
 
 import pytest
 from django.conf import settings
 
-from tests.support import REFRESH, WAIT, Instance, WsClient, connect, heard, lines, logged, timings
+from tests.support import REFRESH, WAIT, Instance, WsClient, connect, heard, lines, logged, timings, write_lock_held
 
 pytestmark = pytest.mark.live
 
@@ -80,7 +79,7 @@ async def test_connections_ended_by_a_crashing_handler_are_released(live_instanc
 
 async def test_an_application_cancelled_while_its_handler_waits_is_released(live_instances, acme):
     # Daphne cancels an application `--application-close-timeout` seconds after its client left,
-    # if it is still running: here a `message.send` waiting for SQLite's write lock, which the
+    # if it is still running: here a `message.send` waiting for the database's write lock, which the
     # test holds. The release must run all the same (it needs Redis only, not the database).
     (instance,) = live_instances(
         1,
@@ -92,9 +91,7 @@ async def test_an_application_cancelled_while_its_handler_waits_is_released(live
     assert await heard(tuan, "linh", 1) == ["online"]
     assert await refused(instance, acme.token("linh")) == 4429
 
-    lock = sqlite3.connect(settings.DATABASES["default"]["NAME"], isolation_level=None)
-    try:
-        lock.execute("BEGIN IMMEDIATE")
+    with write_lock_held(settings.DATABASES["default"], "chat_message"):
         fleet = str(acme.channels["fleet"].id)
         await linh.send("message.send", {"idem_key": "stuck", "channel": fleet, "text": "behind the lock"})
         await asyncio.sleep(0.3)
@@ -103,9 +100,6 @@ async def test_an_application_cancelled_while_its_handler_waits_is_released(live
         # It was the cancellation that ended it: the handler never returned.
         assert any("took too long to shut down" in line.get("message", "") for line in instance.events("log"))
         assert linh.of_type("message.ack") == []
-    finally:
-        lock.execute("ROLLBACK")
-        lock.close()
     again = await connect(instance, acme, "linh")
     assert again.of_type("connection.ack")[0]["user"] == "linh"
     await again.close()

@@ -11,6 +11,7 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
 from relay.api import Operation, documented, endpoint
+from relay.redis_clients import sync_client
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -23,7 +24,6 @@ class Readiness(TypedDict):
     status: Literal["ok", "unavailable"]
     # database, redis (and presence_redis when it is another one): "ok" or the error's name.
     checks: dict[str, str]
-from relay.redis_clients import sync_client
 
 
 def ping(url: str, timeout: float = 0.5) -> str:

@@ -297,7 +297,9 @@ def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
 
 
 @endpoint("POST")
-@documented(POST=Operation("Mint a connection token", {201: TokenOut}, body=TokenBody, tags=("tokens",)))
+@documented(
+    POST=Operation("Mint a connection token", {201: TokenOut, 404: ErrorBody}, body=TokenBody, tags=("tokens",))
+)
 def tokens(request: HttpRequest) -> HttpResponse:
     """POST /v1/tokens: mint a connection token for one of the environment's users."""
     body = parse_body(request, TokenBody)

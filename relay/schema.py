@@ -68,7 +68,8 @@ class Schemas:
 def openapi_document() -> dict:
     """The OpenAPI 3.1 document of every documented route."""
     schemas = Schemas()
-    error = schemas.add(ErrorBody, "serialization")
+    # Every error answer's body, added to operations below, after the schemas are generated.
+    schemas.add(ErrorBody, "serialization")
     planned = []
     for path, view in documented_routes():
         names = re.findall(r"{(\w+)}", path)
@@ -105,9 +106,7 @@ def openapi_document() -> dict:
             "tags": list(operation.tags),
             "security": SECURITY[view.auth],
             "parameters": parameters,
-            "responses": {
-                str(status): response(status, body, generated, error) for status, body in sorted(statuses.items())
-            },
+            "responses": {str(status): response(status, body, generated) for status, body in sorted(statuses.items())},
         }
         if operation.body is not None:
             entry["requestBody"] = {
@@ -157,6 +156,7 @@ def query_parameters(operation: Operation, generated: dict) -> list[dict]:
 
 
 def integer_parameter(parameter: QueryInt) -> dict:
+    """The OpenAPI parameter of a QueryInt: the range and default `query_int` enforces."""
     return {
         "name": parameter.name,
         "in": "query",
@@ -171,7 +171,8 @@ def integer_parameter(parameter: QueryInt) -> dict:
     }
 
 
-def response(status: int, body: Any, generated: dict, error: tuple) -> dict:
+def response(status: int, body: Any, generated: dict) -> dict:
+    """The OpenAPI response of one status: JSON of its body's type, plain text, or no body."""
     answer: dict[str, Any] = {"description": http.HTTPStatus(status).phrase}
     if body is str:
         answer["content"] = {"text/plain": {"schema": {"type": "string"}}}

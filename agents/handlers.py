@@ -18,13 +18,17 @@ from agents import actions
 from agents.exceptions import InstanceOwned
 from relay import registry
 from relay.exceptions import FrameError
-from relay.frames import Deregister, Heartbeat, Register
+from relay.frames import Deregister, DeregisterAck, Heartbeat, Register, RegisterAck
 from relay.logging import log_event
 from relay.registry import Connection
 
 logger = logging.getLogger(__name__)
 
 STATE_KEY = "agents"
+
+
+registry.sends("register.ack", RegisterAck)
+registry.sends("deregister.ack", DeregisterAck)
 
 
 def registered_instances(conn: Connection) -> dict[str, dict]:
@@ -59,7 +63,8 @@ async def register(conn: Connection, payload: Register) -> None:
     except InstanceOwned as owned:
         raise FrameError("instance_owned", str(owned)) from None
     registered_instances(conn)[payload.instance] = payload.capability.model_dump(exclude_none=True)
-    await conn.send_frame("register.ack", {"instance": row.instance, "registered_at": row.registered_at.isoformat()})
+    ack = RegisterAck(instance=row.instance, registered_at=row.registered_at.isoformat())
+    await conn.send_frame("register.ack", ack)
 
 
 @registry.frame("heartbeat", Heartbeat, error_code="invalid_payload")
@@ -76,4 +81,4 @@ async def deregister(conn: Connection, payload: Deregister) -> None:
     removed = await database_sync_to_async(actions.do_deregister)(conn.user, payload.instance)
     registered_instances(conn).pop(payload.instance, None)
     if removed:
-        await conn.send_frame("deregister.ack", {"instance": payload.instance})
+        await conn.send_frame("deregister.ack", DeregisterAck(instance=payload.instance))

@@ -4,10 +4,31 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import QuerySet
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict
 
 from agents import actions
 from agents.models import Registration
 from relay.models import Environment
+
+
+@with_config(ConfigDict(extra="forbid"))
+class CapabilityOut(TypedDict, total=False):
+    cognition: str
+    weight: float
+    family: str
+    host: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Agent(TypedDict):
+    """A registration as the API shows it; `capability` holds only the fields that were given."""
+
+    instance: str
+    identity: str
+    capability: CapabilityOut
+    registered_at: str
+    last_seen: str
 
 
 def alive_since(now: datetime | None = None) -> datetime:
@@ -24,12 +45,12 @@ def registrations_of(environment: Environment, **capability: str) -> QuerySet[Re
     )
 
 
-def registration_json(row: Registration) -> dict:
+def registration_json(row: Registration) -> Agent:
     """Return a registration as the API shows it (CONTRACT.md section 2)."""
-    return {
-        "instance": row.instance,
-        "identity": row.identity.external_id,
-        "capability": row.capability(),
-        "registered_at": row.registered_at.isoformat(),
-        "last_seen": row.last_seen.isoformat(),
-    }
+    return Agent(
+        instance=row.instance,
+        identity=row.identity.external_id,
+        capability=row.capability(),
+        registered_at=row.registered_at.isoformat(),
+        last_seen=row.last_seen.isoformat(),
+    )

@@ -1,10 +1,11 @@
 """GET /v1/agents: the key's environment's registrations, optionally filtered by capability."""
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError, with_config
+from typing_extensions import TypedDict
 
-from agents.queries import registration_json, registrations_of
-from relay.api import endpoint
+from agents.queries import Agent, registration_json, registrations_of
+from relay.api import Operation, documented, endpoint
 from relay.exceptions import ApiError
 from relay.frames import Identifier, StrictModel, describe_validation_error
 
@@ -30,9 +31,15 @@ def parse_filters(request: HttpRequest) -> AgentFilters:
         raise ApiError(400, "invalid_query", describe_validation_error(error)) from None
 
 
+@with_config(ConfigDict(extra="forbid"))
+class AgentList(TypedDict):
+    agents: list[Agent]
+
+
 @endpoint("GET")
+@documented(GET=Operation("Agent registrations, oldest first", {200: AgentList}, query=AgentFilters, tags=("agents",)))
 def agents(request: HttpRequest) -> HttpResponse:
     """GET /v1/agents[?family=&cognition=&host=]: registrations, oldest first."""
     filters = parse_filters(request).model_dump(exclude_none=True)
     rows = registrations_of(request.environment, **filters)
-    return JsonResponse({"agents": [registration_json(row) for row in rows]})
+    return JsonResponse(AgentList(agents=[registration_json(row) for row in rows]))

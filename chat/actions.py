@@ -12,6 +12,7 @@ from django.db.models import F
 from chat.exceptions import NotAMember
 from chat.models import Message
 from chat.queries import is_member, message_json
+from relay.frames import MessageAck
 from relay.models import Channel, User
 
 
@@ -19,13 +20,13 @@ from relay.models import Channel, User
 class SendResult:
     """What a `message.send` produced: its ack, the stored message's payload, and whether it is new."""
 
-    ack: dict
+    ack: MessageAck
     message: dict
     created: bool
 
 
 def _result(message: Message, *, created: bool) -> SendResult:
-    ack = {"idem_key": message.idem_key, "id": str(message.id), "channel": str(message.channel_id), "seq": message.seq}
+    ack = MessageAck(idem_key=message.idem_key, id=str(message.id), channel=str(message.channel_id), seq=message.seq)
     return SendResult(ack=ack, message=message_json(message), created=created)
 
 

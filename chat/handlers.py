@@ -25,7 +25,7 @@ from chat.exceptions import NotAMember
 from chat.queries import PAGE_SIZE, last_seq, messages_after
 from relay import metrics, registry
 from relay.exceptions import FrameError
-from relay.frames import MessageSend, parse_cursor
+from relay.frames import MessageAck, MessageCreated, MessageSend, parse_cursor
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.registry import Connection
@@ -63,6 +63,10 @@ class ChatState:
     backfill: asyncio.Task | None = None
 
 
+registry.sends("message.ack", MessageAck)
+registry.sends("message.created", MessageCreated)
+
+
 # ── the client sends ─────────────────────────────────────────────────────────
 @registry.frame("message.send", MessageSend)
 async def message_send(conn: Connection, payload: MessageSend) -> None:
@@ -98,7 +102,7 @@ async def message_send(conn: Connection, payload: MessageSend) -> None:
 async def message_created(conn: Connection, event: dict) -> None:
     """A message was stored in one of the connection's channels: send it, hold it, or drop a copy."""
     try:
-        message = {key: event["message"][key] for key in CREATED_FIELDS}
+        message = MessageCreated(**{key: event["message"][key] for key in CREATED_FIELDS})
         channel_id, seq = str(message["channel"]), int(message["seq"])
     except (KeyError, TypeError, ValueError):
         log_event(logger, "message.invalid_event", logging.ERROR, connection_id=conn.connection_id)

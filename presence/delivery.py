@@ -23,6 +23,7 @@ from collections.abc import Callable
 from presence import actions
 from presence.fabric import GROUP_PREFIX, Dedup, Transition, parse_transition, subject_of
 from relay import metrics
+from relay.frames import PresenceChanged
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.registry import Connection
@@ -54,7 +55,7 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
     if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
-    await conn.send_frame("presence.changed", {"user": transition.user, "state": transition.state})
+    await conn.send_frame("presence.changed", PresenceChanged(user=transition.user, state=transition.state))
 
 
 class Fanout:

@@ -7,8 +7,12 @@ from presence import actions, delivery, reads
 from presence.delivery import STATE_KEY
 from presence.fabric import TRANSITION, Dedup, group_name, parse_transition
 from relay import registry
+from relay.frames import PresenceChanged, PresenceSnapshot
 from relay.models import User
 from relay.registry import Connection
+
+registry.sends("presence.snapshot", PresenceSnapshot)
+registry.sends("presence.changed", PresenceChanged)
 
 # Who of the co-members was online at the election, read in its round trip; sent after the ack.
 SNAPSHOT_KEY = "presence.snapshot"
@@ -45,7 +49,7 @@ class PresenceExtension(registry.Extension):
         if online is None:
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
-        await conn.send_frame("presence.snapshot", {"online": online})
+        await conn.send_frame("presence.snapshot", PresenceSnapshot(online=online))
         # Last: a transition written straight to the socket must come after the snapshot.
         delivery.fanout().live(conn)
 

@@ -12,6 +12,7 @@ from django.db.models import Exists, OuterRef
 from presence import actions
 from presence.queries import co_member_external_ids, co_members_in, members_of_channels
 from presence.store import online_flags
+from relay.frames import PresenceChanged
 from relay.models import Channel, Membership, User
 from relay.registry import Connection
 
@@ -90,7 +91,7 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
     # None (the presence Redis down, logged by the store): nothing to tell; the next transitions will.
     for user_id in await actions.service().store.online(conn.environment_id, candidates) or ():
-        await conn.send_frame("presence.changed", {"user": user_id, "state": "online"})
+        await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
 
 
 async def snapshot(conn: Connection) -> list[str]:

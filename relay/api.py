@@ -2,23 +2,27 @@
 
 Every management call carries `Authorization: Bearer <api_key>` and acts inside
 that key's environment; an object in another environment answers 404, never 403.
+Each view says what it reads and answers with `documented`; relay.schema builds
+/v1/openapi.json from exactly those models.
 """
 
-import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import wraps
 from typing import Annotated, Any, Literal, TypeVar
 
+import orjson
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict
 
 from relay import membership
 from relay.exceptions import ApiError, InvalidToken
-from relay.frames import Identifier, StrictModel, describe_validation_error
+from relay.frames import DisplayName, Identifier, StrictModel, describe_validation_error
 from relay.models import API_KEY_PREFIX, ApiKey, Channel, Environment, User, hash_api_key
 from relay.tokens import MAX_TTL_SECONDS, mint_token, verify_token
 
@@ -30,7 +34,7 @@ M = TypeVar("M", bound=BaseModel)
 
 class UserBody(StrictModel):
     id: Identifier
-    name: Annotated[str, Field(max_length=200)] = ""
+    name: DisplayName = ""
 
 
 class ChannelBody(StrictModel):
@@ -41,6 +45,85 @@ class ChannelBody(StrictModel):
 class TokenBody(StrictModel):
     user: Identifier
     ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS)] = 3600
+
+
+# ── what the views answer ────────────────────────────────────────────────────
+@with_config(ConfigDict(extra="forbid"))
+class ErrorDetail(TypedDict):
+    code: str
+    message: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ErrorBody(TypedDict):
+    error: ErrorDetail
+
+
+@with_config(ConfigDict(extra="forbid"))
+class UserOut(TypedDict):
+    id: str
+    name: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ChannelOut(TypedDict):
+    id: str
+    name: str
+    type: Literal["public", "private"]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ChannelList(TypedDict):
+    channels: list[ChannelOut]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MemberOut(TypedDict):
+    channel: str
+    user: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class TokenOut(TypedDict):
+    token: str
+    expires_at: str
+
+
+@dataclass(frozen=True)
+class QueryInt:
+    """A whole-number query parameter: read by `query_int`, published by relay.schema."""
+
+    name: str
+    default: int
+    minimum: int
+    maximum: int
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One method of a view as /v1/openapi.json describes it.
+
+    `responses` maps a status to its body's type (a model or TypedDict; None: no body, `str`:
+    plain text). The 400, 401 and 404 answers that `endpoint`, `parse_body`, `query_int` and the
+    path lookups give are added by relay.schema; list only the others.
+    """
+
+    summary: str
+    responses: Mapping[int, Any]
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | tuple[QueryInt, ...] = ()
+    tags: tuple[str, ...] = ()
+
+
+def documented(**operations: Operation) -> Callable[[View], View]:
+    """Attach each method's Operation (keyword: the method) to a view, under `endpoint`."""
+
+    def attach(view: View) -> View:
+        view.operations = operations
+        return view
+
+    return attach
 
 
 def error_response(status: int, code: str, message: str) -> JsonResponse:
@@ -89,6 +172,10 @@ def endpoint(*methods: str, authenticated: bool = True, readers: bool = False) -
     """
 
     def decorate(view: View) -> View:
+        # relay.schema reads what the wrapper enforces: its methods and whose credential it takes.
+        view.methods = methods
+        view.auth = "reader" if readers else "api_key" if authenticated else None
+
         @csrf_exempt
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -113,8 +200,10 @@ def endpoint(*methods: str, authenticated: bool = True, readers: bool = False) -
 def parse_body(request: HttpRequest, schema: type[M]) -> M:
     """Return the request's JSON body validated against `schema`, or raise a 400 ApiError."""
     try:
-        data = json.loads(request.body or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        # orjson, as for frames: strict JSON, nesting cut at 1,024 levels, no lone surrogates and
+        # no integer of thousands of digits (json.loads let each through or raised something else).
+        data = orjson.loads(request.body or b"")
+    except orjson.JSONDecodeError:
         raise ApiError(400, "invalid_json", "the body must be a JSON object") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_body", "the body must be a JSON object")
@@ -132,34 +221,41 @@ def get_channel(environment: Environment, channel_id: str) -> Channel:
         raise ApiError(404, "channel_not_found", "no such channel") from None
 
 
+user_ids = TypeAdapter(Identifier)
+
+
 def get_user(environment: Environment, user_id: str) -> User:
-    """Return the environment's user, or raise 404 (also for another tenant's)."""
+    """Return the environment's user, or raise 404 (also for another tenant's, or an id no user can have)."""
     try:
+        # Checked first: a NUL in a path reaches the query otherwise, and PostgreSQL refuses it.
+        user_ids.validate_python(user_id)
         return User.objects.get(environment=environment, external_id=user_id)
-    except User.DoesNotExist:
+    except (ValidationError, User.DoesNotExist):
         raise ApiError(404, "user_not_found", "no such user") from None
 
 
-def query_int(request: HttpRequest, name: str, default: int, minimum: int, maximum: int) -> int:
-    """Return the query parameter `name` as a whole number in range, or raise a 400 ApiError."""
+def query_int(request: HttpRequest, parameter: QueryInt) -> int:
+    """Return the query parameter as a whole number in its range, or raise a 400 ApiError."""
+    name, minimum, maximum = parameter.name, parameter.minimum, parameter.maximum
     raw = request.GET.get(name)
     if raw is None:
-        return default
+        return parameter.default
     # isdecimal() alone takes non-ASCII digits, which int() would then accept.
     if raw.isascii() and raw.isdecimal() and len(raw) <= len(str(maximum)) and minimum <= int(raw) <= maximum:
         return int(raw)
     raise ApiError(400, "invalid_query", f"{name} must be a whole number from {minimum} to {maximum}")
 
 
-def user_json(user: User) -> dict:
-    return {"id": user.external_id, "name": user.name}
+def user_json(user: User) -> UserOut:
+    return UserOut(id=user.external_id, name=user.name)
 
 
-def channel_json(channel: Channel) -> dict:
-    return {"id": str(channel.id), "name": channel.name, "type": channel.type}
+def channel_json(channel: Channel) -> ChannelOut:
+    return ChannelOut(id=str(channel.id), name=channel.name, type=channel.type)
 
 
 @endpoint("POST")
+@documented(POST=Operation("Create or update a user", {201: UserOut, 200: UserOut}, body=UserBody, tags=("users",)))
 def users(request: HttpRequest) -> HttpResponse:
     """POST /v1/users: create or update a user (201 created, 200 existed)."""
     body = parse_body(request, UserBody)
@@ -170,6 +266,10 @@ def users(request: HttpRequest) -> HttpResponse:
 
 
 @endpoint("GET", "POST")
+@documented(
+    GET=Operation("List the environment's channels", {200: ChannelList}, tags=("channels",)),
+    POST=Operation("Create a channel", {201: ChannelOut}, body=ChannelBody, tags=("channels",)),
+)
 def channels(request: HttpRequest) -> HttpResponse:
     """GET /v1/channels lists the environment's channels; POST creates one."""
     if request.method == "GET":
@@ -181,21 +281,28 @@ def channels(request: HttpRequest) -> HttpResponse:
 
 
 @endpoint("PUT", "DELETE")
+@documented(
+    PUT=Operation("Add a member (live)", {201: MemberOut, 200: MemberOut}, tags=("channels",)),
+    DELETE=Operation("Remove a member (live)", {204: None}, tags=("channels",)),
+)
 def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
     """PUT adds a member (201, or 200 when already one); DELETE removes one (204)."""
     channel = get_channel(request.environment, channel_id)
     user = get_user(request.environment, user_id)
     if request.method == "PUT":
         added = membership.add_member(channel, user)
-        return JsonResponse({"channel": str(channel.id), "user": user.external_id}, status=201 if added else 200)
+        return JsonResponse(MemberOut(channel=str(channel.id), user=user.external_id), status=201 if added else 200)
     membership.remove_member(channel, user)
     return HttpResponse(status=204)
 
 
 @endpoint("POST")
+@documented(
+    POST=Operation("Mint a connection token", {201: TokenOut, 404: ErrorBody}, body=TokenBody, tags=("tokens",))
+)
 def tokens(request: HttpRequest) -> HttpResponse:
     """POST /v1/tokens: mint a connection token for one of the environment's users."""
     body = parse_body(request, TokenBody)
     user = get_user(request.environment, body.user)
     token, expires_at = mint_token(request.environment, user.external_id, body.ttl_seconds)
-    return JsonResponse({"token": token, "expires_at": expires_at.isoformat()}, status=201)
+    return JsonResponse(TokenOut(token=token, expires_at=expires_at.isoformat()), status=201)

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from relay import membership, metrics, registry
 from relay.batching import GroupCommit
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
-from relay.frames import Envelope, describe_validation_error
+from relay.frames import ConnectionAck, Envelope, ErrorPayload, describe_validation_error
 from relay.logging import log_event
 from relay.models import Environment, User
 from relay.queries import channel_ids_of_user, channel_ids_of_users, users_by_external_id
@@ -211,7 +211,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         log_event(logger, "connection.opened", connection_id=self.connection_id, user=self.user_id)
         await self.send_frame(
             "connection.ack",
-            {"connection_id": self.connection_id, "user": self.user_id, "channels": sorted(self.channel_ids)},
+            ConnectionAck(connection_id=self.connection_id, user=self.user_id, channels=sorted(self.channel_ids)),
         )
         for ext in self.admitted:
             await self._guarded(ext.opened, "opened")
@@ -365,7 +365,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 await self._guarded(ext.channel_removed, "channel_removed", channel_id)
 
     # ── sending ──────────────────────────────────────────────────────────────
-    async def send_frame(self, frame_type: str, payload: dict) -> None:
+    async def send_frame(self, frame_type: str, payload: Mapping[str, Any]) -> None:
         """Send one `{"type", "payload"}` frame; dropped once the connection is cut loose as a slow reader."""
         if self.slow:
             return
@@ -398,7 +398,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
         """Send an `error` frame; the socket stays open."""
-        payload = {"code": code, "message": message}
+        payload = ErrorPayload(code=code, message=message)
         if frame_type is not None:
             payload["type"] = frame_type
         await self.send_frame("error", payload)

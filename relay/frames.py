@@ -1,16 +1,21 @@
-"""The wire schema (CONTRACT.md section 3): every client frame's payload, strict, in one place.
+"""The wire schema (CONTRACT.md section 3): every frame's payload, both ways, in one place.
 
-Strict means: unknown fields, missing fields, wrong JSON types (no coercion of "1"
-to 1), `null` where a value is expected, empty or over-long strings and control
-characters are all refused. The owning app binds each type to its handler through
-`relay.registry`; this module only says what a well-formed payload is.
+Client payloads are strict models. Strict means: unknown fields, missing fields, wrong JSON
+types (no coercion of "1" to 1), `null` where a value is expected, empty or over-long strings
+and control characters are all refused. Server payloads are TypedDicts: the server builds its
+frames with them at no cost on the hot path, and /v1/schema/frames.json is generated from both
+(relay.schema). The owning app binds each type to its handler, or declares the frames it sends,
+through `relay.registry`; this module only says what a well-formed payload is.
 """
 
 import json
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator, with_config
+
+# pydantic reads TypedDicts from typing_extensions before Python 3.12.
+from typing_extensions import TypedDict
 
 MAX_ID_LENGTH = 128
 MAX_TEXT_LENGTH = 16_384
@@ -37,15 +42,52 @@ def _canonical_uuid(value: str) -> str:
         raise ValueError("must be a UUID") from None
 
 
-Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH), AfterValidator(_no_control_characters)]
-ChannelId = Annotated[str, Field(min_length=32, max_length=36), AfterValidator(_canonical_uuid)]
-MessageText = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_LENGTH), AfterValidator(_no_nul)]
+# The validators' rules as JSON Schema patterns, for the published schemas (relay.schema).
+NO_CONTROL_CHARACTERS = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+NO_NUL = "^[^\\u0000]*$"
+
+Identifier = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_ID_LENGTH, json_schema_extra={"pattern": NO_CONTROL_CHARACTERS}),
+    AfterValidator(_no_control_characters),
+]
+# Any form uuid.UUID reads (32 hex digits, with or without hyphens); published as the canonical one.
+ChannelId = Annotated[
+    str, Field(min_length=32, max_length=36, json_schema_extra={"format": "uuid"}), AfterValidator(_canonical_uuid)
+]
+DisplayName = Annotated[
+    str,
+    Field(max_length=200, json_schema_extra={"pattern": NO_CONTROL_CHARACTERS}),
+    AfterValidator(_no_control_characters),
+]
+MessageText = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_TEXT_LENGTH, json_schema_extra={"pattern": NO_NUL}),
+    AfterValidator(_no_nul),
+]
+
+
+def _omitted_not_null(schema: dict[str, Any]) -> None:
+    # An optional field of a strict model may be left out but never be null (`_no_nulls`):
+    # the published schema says so instead of pydantic's `anyOf [..., null]` with `default: null`.
+    for prop in schema.get("properties", {}).values():
+        if isinstance(prop.get("default"), dict):
+            prop["default"] = {key: value for key, value in prop["default"].items() if value is not None}
+        choices = prop.get("anyOf")
+        if choices and {"type": "null"} in choices and prop.get("default", ...) is None:
+            del prop["default"]
+            rest = [choice for choice in choices if choice != {"type": "null"}]
+            if len(rest) == 1:
+                del prop["anyOf"]
+                prop.update(rest[0])
+            else:
+                prop["anyOf"] = rest
 
 
 class StrictModel(BaseModel):
     """Refuses unknown fields, coercion and explicit nulls; an optional field is one that may be omitted."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, json_schema_extra=_omitted_not_null)
 
     @model_validator(mode="before")
     @classmethod
@@ -94,6 +136,65 @@ class Heartbeat(StrictModel):
 
 class Deregister(StrictModel):
     instance: Identifier
+
+
+# ── server → client ──────────────────────────────────────────────────────────
+# Exactly the fields the server sends (a frame with another field is a bug the frame tests catch).
+@with_config(ConfigDict(extra="forbid"))
+class ConnectionAck(TypedDict):
+    connection_id: str
+    user: str
+    channels: list[str]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PresenceSnapshot(TypedDict):
+    online: list[str]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PresenceChanged(TypedDict):
+    user: str
+    state: Literal["online", "offline"]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MessageAck(TypedDict):
+    idem_key: str
+    id: str
+    channel: str
+    seq: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MessageCreated(TypedDict):
+    """A stored message: the `message.created` payload and an item of the history API."""
+
+    id: str
+    channel: str
+    seq: int
+    user: str
+    text: str
+    created_at: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class RegisterAck(TypedDict):
+    instance: str
+    registered_at: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class DeregisterAck(TypedDict):
+    instance: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ErrorPayload(TypedDict):
+    code: str
+    message: str
+    # The offending frame's type, when it is known.
+    type: NotRequired[str]
 
 
 # ── query-string parameters ──────────────────────────────────────────────────

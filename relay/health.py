@@ -1,13 +1,29 @@
 """Operational endpoints: liveness, readiness and Prometheus metrics."""
 
+from typing import Literal
+
 import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict
 
-from relay.api import endpoint
+from relay.api import Operation, documented, endpoint
 from relay.redis_clients import sync_client
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Alive(TypedDict):
+    status: Literal["ok"]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Readiness(TypedDict):
+    status: Literal["ok", "unavailable"]
+    # database, redis (and presence_redis when it is another one): "ok" or the error's name.
+    checks: dict[str, str]
 
 
 def ping(url: str, timeout: float = 0.5) -> str:
@@ -29,12 +45,16 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
 
 @endpoint("GET", authenticated=False)
+@documented(GET=Operation("Liveness: 200 while the process runs", {200: Alive}, tags=("operations",)))
 def healthz(request: HttpRequest) -> HttpResponse:
     """200 while the process runs."""
-    return JsonResponse({"status": "ok"})
+    return JsonResponse(Alive(status="ok"))
 
 
 @endpoint("GET", authenticated=False)
+@documented(
+    GET=Operation("Readiness: the database and Redis answer", {200: Readiness, 503: Readiness}, tags=("operations",))
+)
 def readyz(request: HttpRequest) -> HttpResponse:
     """200 when the database and Redis answer, else 503 naming what did not."""
     checks = {}
@@ -48,4 +68,4 @@ def readyz(request: HttpRequest) -> HttpResponse:
     if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
         checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
     ready = all(value == "ok" for value in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+    return JsonResponse(Readiness(status="ok" if ready else "unavailable", checks=checks), status=200 if ready else 503)

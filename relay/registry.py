@@ -4,14 +4,17 @@ The consumer looks a client frame's `type` up in `frames`, a channel-layer event
 `type` up in `events`, and calls every `Extension` at the points of a connection's
 life. An app adds a frame family by registering here from its `AppConfig.ready`;
 nothing in the consumer needs editing (seed 000: "one family, one owning module").
+`server_frames` names the payload type of every frame the server sends, for the
+published JSON Schema of the frames (relay.schema).
 """
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from relay.frames import ConnectionAck, ErrorPayload
 from relay.models import User
 
 
@@ -35,7 +38,7 @@ class Connection(Protocol):
     loaded: dict["Extension", Any]
     state: dict[str, Any]
 
-    async def send_frame(self, frame_type: str, payload: dict) -> None:
+    async def send_frame(self, frame_type: str, payload: Mapping[str, Any]) -> None:
         """Send one `{"type", "payload"}` frame."""
 
     async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
@@ -59,6 +62,7 @@ class FrameRoute:
 
 
 frames: dict[str, FrameRoute] = {}
+server_frames: dict[str, type] = {}
 events: dict[str, EventHandler] = {}
 extensions: list["Extension"] = []
 
@@ -116,12 +120,26 @@ def frame(frame_type: str, schema: type[BaseModel], *, error_code: str = "invali
     """Register the decorated coroutine as the handler of client frames of `frame_type`."""
 
     def register(handler: FrameHandler) -> FrameHandler:
+        if frame_type in server_frames:
+            raise RuntimeError(f"frame type {frame_type!r} is a server frame")
         if frame_type in frames:
             raise RuntimeError(f"frame type {frame_type!r} is already handled by {frames[frame_type].handler}")
         frames[frame_type] = FrameRoute(schema=schema, handler=handler, error_code=error_code)
         return handler
 
     return register
+
+
+def sends(frame_type: str, payload: type) -> None:
+    """Declare a frame type the server sends and its payload's type (a TypedDict of relay.frames)."""
+    if frame_type in server_frames or frame_type in frames:
+        raise RuntimeError(f"frame type {frame_type!r} is already declared")
+    server_frames[frame_type] = payload
+
+
+# The consumer's own frames; every other is declared by the app that sends it.
+sends("connection.ack", ConnectionAck)
+sends("error", ErrorPayload)
 
 
 def event(event_type: str) -> Callable:

@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from relay import api, health
+from relay import api, health, schema
 
 urlpatterns = [
     # Admin pages of the apps come before admin.site.urls, whose catch-all would answer them.
@@ -16,6 +16,8 @@ urlpatterns = [
     path("v1/channels", api.channels),
     path("v1/channels/<str:channel_id>/members/<path:user_id>", api.member),
     path("v1/tokens", api.tokens),
+    path("v1/openapi.json", schema.openapi),
+    path("v1/schema/frames.json", schema.frames),
     path("", include("chat.urls")),
     path("", include("presence.urls")),
     path("", include("agents.urls")),

@@ -69,6 +69,8 @@ def test_the_same_user_id_in_two_tenants_is_two_users(acme, globex, api_for):
         {"id": "mai", "name": 3},
         {"id": "mai", "role": "admin"},
         {"id": None},
+        {"id": "mai", "name": "Mai\x00"},
+        {"id": "mai", "name": "Mai\n"},
     ],
 )
 def test_a_bad_user_body_is_400_and_creates_nothing(acme, api_for, body):
@@ -86,6 +88,24 @@ def test_a_body_that_is_not_a_json_object_is_400(acme, api_for, raw):
     response = api_for(acme).call("POST", "/v1/users", raw=raw)
     assert response.status_code == 400
     assert error_code(response) in {"invalid_json", "invalid_body"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"id": "mai", "name": ' + "1" * 5000 + "}",
+        "[" * 5000 + "]" * 5000,
+        '{"id": "mai", "name": "\\ud800"}',
+        '{"id": "mai", "name": NaN}',
+    ],
+    ids=["integer-of-5000-digits", "nested-5000-deep", "lone-surrogate", "nan"],
+)
+def test_json_that_python_would_choke_on_is_400_and_creates_nothing(acme, api_for, raw):
+    response = api_for(acme).call("POST", "/v1/users", raw=raw)
+    assert response.status_code == 400
+    assert error_code(response) in {"invalid_json", "invalid_body"}
+    assert not User.objects.filter(external_id="mai").exists()
+    assert api_for(acme).call("POST", "/v1/users", raw='{"id": "mai", "name": "Mai"}').status_code == 201
 
 
 def test_a_wrong_method_is_405(acme, api_for):
@@ -132,6 +152,17 @@ def test_removing_a_member_is_204(acme, api_for):
     assert response.status_code == 204
     assert not Membership.objects.filter(channel=channel, user=acme.users["tuan"]).exists()
     assert Membership.objects.filter(channel=channel, user=acme.users["linh"]).exists()
+
+
+@pytest.mark.parametrize("user_id", ["li%00nh", "li%01nh", "x" * 129])
+def test_a_member_id_no_user_can_have_is_404_and_adds_nothing(acme, api_for, user_id):
+    channel = acme.channels["general"].id
+    before = Membership.objects.count()
+    response = api_for(acme).call("PUT", f"/v1/channels/{channel}/members/{user_id}")
+    assert response.status_code == 404
+    assert error_code(response) == "user_not_found"
+    assert Membership.objects.count() == before
+    assert api_for(acme).call("PUT", f"/v1/channels/{channel}/members/hermit").status_code == 201
 
 
 def test_members_of_unknown_channels_or_users_are_404(acme, api_for):

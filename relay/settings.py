@@ -74,7 +74,13 @@ DATABASES = {
         env_str("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"), conn_max_age=600, conn_health_checks=True
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's ASGI handler runs each request's sync code on a fresh thread, so a
+    # persistent per-thread connection would be left open behind every request until
+    # PostgreSQL runs out of slots; a pool hands connections back at the end of each call.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": 8}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several Daphne processes share one SQLite file: WAL lets readers run beside
     # the single writer, IMMEDIATE takes the write lock when a transaction starts
     # (instead of failing with "database is locked" when a reader upgrades), and

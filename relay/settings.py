@@ -168,6 +168,12 @@ if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
 DEFAULT_MAX_PENDING_BYTES = 4 * 1024 * 1024
 RELAY_MAX_PENDING_BYTES = env_int("RELAY_MAX_PENDING_BYTES", DEFAULT_MAX_PENDING_BYTES, minimum=64 * 1024)
 
+# ── Connection tokens ────────────────────────────────────────────────────────
+# The longest a connection token may live (exp - iat), minted by POST /v1/tokens or by a
+# tenant's backend: a token is a bearer credential carried in a URL, good until it expires.
+DEFAULT_MAX_TOKEN_TTL_S = 86_400
+RELAY_MAX_TOKEN_TTL_S = env_int("RELAY_MAX_TOKEN_TTL_S", DEFAULT_MAX_TOKEN_TTL_S, minimum=1)
+
 # ── Agents (seed 000) ────────────────────────────────────────────────────────
 DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)

@@ -174,6 +174,11 @@ RELAY_MAX_PENDING_BYTES = env_int("RELAY_MAX_PENDING_BYTES", DEFAULT_MAX_PENDING
 DEFAULT_MAX_TOKEN_TTL_S = 86_400
 RELAY_MAX_TOKEN_TTL_S = env_int("RELAY_MAX_TOKEN_TTL_S", DEFAULT_MAX_TOKEN_TTL_S, minimum=1)
 
+# ── Metrics ──────────────────────────────────────────────────────────────────
+# The bearer token a Prometheus scrape of /metrics must send; unset, only loopback clients may
+# read it (relay/health.py).
+RELAY_METRICS_TOKEN = env_str("RELAY_METRICS_TOKEN")
+
 # ── Agents (seed 000) ────────────────────────────────────────────────────────
 DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)

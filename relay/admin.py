@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
-from relay import tokens
+from relay import reconcile
 from relay.models import ApiKey, Channel, Environment, Membership, User
 
 
@@ -45,11 +45,15 @@ class EnvironmentAdmin(admin.ModelAdmin):
     def channel_count(self, obj: Environment) -> int:
         return obj._channels
 
-    @admin.action(description="Rotate the token signing secret (invalidates every token)")
+    @admin.action(description="Rotate the token signing secret (invalidates every token, closes every connection)")
     def rotate_signing_secret(self, request: HttpRequest, queryset: QuerySet) -> None:
         for environment in queryset:
-            tokens.rotate_signing_secret(environment)
-        self.message_user(request, f"Rotated the signing secret of {queryset.count()} environment(s).")
+            reconcile.rotate_secret(environment)
+        self.message_user(
+            request,
+            f"Rotated the signing secret of {queryset.count()} environment(s); "
+            "their open connections close within one refresh interval.",
+        )
 
     @admin.action(description="Issue a new API key (shown once)")
     def issue_api_key(self, request: HttpRequest, queryset: QuerySet) -> None:

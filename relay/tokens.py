@@ -28,9 +28,10 @@ DEFAULT_TTL_SECONDS = 3600
 CLOCK_SKEW_SECONDS = 30
 _REQUIRED_CLAIMS = ["env", "sub", "iat", "exp"]
 # How long a process trusts the signing secret it read for an environment. A rotation in this
-# process forgets it at once; another process keeps accepting tokens signed with the OLD secret
-# for up to this long (a token signed with the NEW one is never refused: a signature that fails
-# against a cached secret is checked once more against the database's).
+# process forgets it at once, and every other process when the rotation's notice arrives or at
+# its next reconciliation (relay/reconcile.py), which also closes any connection a token signed
+# with the OLD secret opened meanwhile. A token signed with the NEW one is never refused: a
+# signature that fails against a cached secret is checked once more against the database's.
 SECRET_CACHE_SECONDS = 10.0
 
 _environments: dict[uuid.UUID, tuple[float, Environment]] = {}
@@ -57,13 +58,18 @@ def _environment(environment_id: uuid.UUID, *, fresh: bool = False) -> Environme
     return environment
 
 
+def forget_environment(environment_id: str | uuid.UUID) -> None:
+    """Drop this process's cached secret of the environment: the next token is checked against the database's."""
+    with _environments_lock:
+        _environments.pop(uuid.UUID(str(environment_id)), None)
+
+
 def rotate_signing_secret(environment: Environment) -> None:
     """Replace the environment's signing secret; tokens signed with the old one stop working."""
     environment.signing_secret = new_signing_secret()
     environment.secret_rotated_at = timezone.now()
     environment.save(update_fields=["signing_secret", "secret_rotated_at"])
-    with _environments_lock:
-        _environments.pop(environment.id, None)
+    forget_environment(environment.id)
 
 
 def mint_token(

@@ -22,7 +22,7 @@ run: $(STAMP)
 
 ## Lint, check migrations, then the whole suite against a real Redis and a headless Chromium.
 test: $(STAMP) $(CHROMIUM) lint
-	$(PY) manage.py makemigrations --check --dry-run
+	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
 
 ## The same suite against a private PostgreSQL cluster (the production database).

@@ -6,6 +6,7 @@ from django.http import HttpRequest
 
 from agents.models import Registration
 from agents.queries import alive_since
+from relay.admin import TenantScopedAdmin
 
 
 class AliveFilter(admin.SimpleListFilter):
@@ -26,7 +27,7 @@ class AliveFilter(admin.SimpleListFilter):
 
 
 @admin.register(Registration)
-class RegistrationAdmin(admin.ModelAdmin):
+class RegistrationAdmin(TenantScopedAdmin):
     list_display = (
         "instance",
         "identity",
@@ -39,7 +40,7 @@ class RegistrationAdmin(admin.ModelAdmin):
         "last_seen",
         "alive",
     )
-    list_filter = ("environment", "family", "cognition", "host", AliveFilter)
+    list_filter = (("environment", admin.RelatedOnlyFieldListFilter), "family", "cognition", "host", AliveFilter)
     search_fields = ("instance", "identity__external_id")
     ordering = ("-last_seen",)
     list_select_related = ("identity", "environment")

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,8 @@ class World:
         os.environ["DATABASE_URL"] = f"sqlite:///{self.database}"
         os.environ["RELAY_REDIS_URL"] = redis_url
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
+        # DEBUG is off, as deployed, so the servers (which inherit this environment) need a key.
+        os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_urlsafe(48))
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=BASE_DIR, check=True)
         import django
 

@@ -7,13 +7,14 @@ a part of either: counts on the admin index and a Presence page per environment.
 from dataclasses import dataclass, field
 
 from django.contrib import admin
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from agents.models import Registration
 from agents.queries import alive_since, registrations_of
 from presence.store import online_members
+from relay.admin import visible_environments
 from relay.models import Environment, User
 
 
@@ -32,8 +33,8 @@ class Overview:
         return None if self.online is None else len(self.online)
 
 
-def overviews() -> list[Overview]:
-    """Every environment with its online count and agent counts: one SCAN and two queries."""
+def overviews(environments: QuerySet) -> list[Overview]:
+    """Each of `environments` with its online count and agent counts: one SCAN and two queries."""
     online = online_members()
     cutoff = alive_since()
     agents = {
@@ -49,13 +50,14 @@ def overviews() -> list[Overview]:
             agents_alive=agents.get(environment.id, {}).get("alive", 0),
             agents_total=agents.get(environment.id, {}).get("total", 0),
         )
-        for environment in Environment.objects.order_by("name")
+        for environment in environments.order_by("name")
     ]
 
 
 def environment_presence(request: HttpRequest, environment_id: str) -> HttpResponse:
     """The "Presence" page of one environment: online users and agent registrations."""
-    environment = Environment.objects.filter(pk=environment_id).first()
+    # Another tenant's page is as missing as an unknown one to staff not granted it.
+    environment = visible_environments(request.user).filter(pk=environment_id).first()
     if environment is None:
         raise Http404("no such environment")
     online = online_members()

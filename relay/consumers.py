@@ -22,7 +22,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from relay import membership, metrics, registry
+from relay import membership, metrics, reconcile, registry
 from relay.batching import GroupCommit
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
 from relay.frames import ConnectionAck, Envelope, ErrorPayload, describe_validation_error
@@ -150,6 +150,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     ended = False
     # Cut loose for reading too slowly: nothing more is sent to it.
     slow = False
+    # Its token's secret was rotated away (relay/reconcile.py): closing with 4401, nothing more sent.
+    revoked = False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """Run the connection; however it ends, `_end` releases it, once."""
@@ -175,6 +177,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         # it reconnects.
         self.bus = membership.bus()
         await self.bus.start()
+        self.reconciler = reconcile.reconciler()
+        await self.reconciler.start()
         since = self.bus.mark()
         try:
             # Popped: no hook needs the token after this, and an idle connection need not keep it.
@@ -189,6 +193,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.user, self.channel_ids, self.loaded = read.user, read.channel_ids, read.loaded
         self.environment_id = str(self.user.environment_id)
         self.user_id = self.user.external_id
+        # The secret this connection's token was verified with: a rotation away from it revokes it.
+        self.secret_version = reconcile.secret_version(self.user.environment)
         if not self.bus.listen(self.user.pk, self.channel_name, since):
             # More changes than the bus remembers came by during the read: read again.
             self.channel_ids = await read_channel_ids(self.user)
@@ -206,6 +212,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         await self.accept()
         self.is_open = True
+        self.reconciler.add(self)
         metrics.CONNECTS.inc()
         metrics.CONNECTIONS_OPEN.inc()
         log_event(logger, "connection.opened", connection_id=self.connection_id, user=self.user_id)
@@ -231,6 +238,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await asyncio.shield(task)
 
     async def _release_all(self) -> None:
+        if self.is_open:
+            self.reconciler.discard(self)
         if self.user is not None:
             self.bus.forget(self.user.pk, self.channel_name)
             await self._leave_groups()
@@ -364,10 +373,35 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             for ext in self.admitted:
                 await self._guarded(ext.channel_removed, "channel_removed", channel_id)
 
+    async def membership_sync(self, event: dict) -> None:
+        """The reconciliation read the user's channels (a change's notice may have been lost): apply the difference."""
+        channels = set(event["channels"])
+        added, removed = channels - self.channel_ids, self.channel_ids - channels
+        for channel_id in sorted(removed):
+            await self.membership_changed({"channel": channel_id, "member": False})
+        for channel_id in sorted(added):
+            await self.membership_changed({"channel": channel_id, "member": True})
+        if added or removed:
+            log_event(
+                logger,
+                "membership.repaired",
+                connection_id=self.connection_id,
+                user=self.user_id,
+                added=len(added),
+                removed=len(removed),
+            )
+
+    async def connection_revoke(self, event: dict) -> None:
+        """The environment's token secret was rotated: close with 4401, as a refused token is."""
+        self.revoked = True
+        log_event(logger, "connection.revoked", connection_id=self.connection_id, user=self.user_id)
+        with contextlib.suppress(*SOCKET_GONE):
+            await self.close(code=CLOSE_UNAUTHORIZED)
+
     # ── sending ──────────────────────────────────────────────────────────────
     async def send_frame(self, frame_type: str, payload: Mapping[str, Any]) -> None:
-        """Send one `{"type", "payload"}` frame; dropped once the connection is cut loose as a slow reader."""
-        if self.slow:
+        """Send one `{"type", "payload"}` frame; dropped once the connection is cut loose (slow reader, revoked)."""
+        if self.slow or self.revoked:
             return
         metrics.frames_out(frame_type).inc()
         try:

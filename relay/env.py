@@ -66,3 +66,26 @@ def check_redis_url(name: str, url: str) -> str:
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured(f"{name} must be a redis://, rediss:// or unix:// URL; got {url!r}")
     return url
+
+
+# Django's own deployment check (security.W009) asks for this much, and for variety.
+MIN_SECRET_KEY_LENGTH = 50
+MIN_SECRET_KEY_CHARACTERS = 5
+
+
+def check_secret_key(name: str, value: str | None, *, development_default: str, debug: bool) -> str:
+    """Return `value`, unless DEBUG is off and it is the development default, empty or short."""
+    if debug:
+        return value or development_default
+    if not value or value == development_default:
+        raise ImproperlyConfigured(
+            f"{name} is unset or the development default and DEBUG is off: set {name} to a random string "
+            f"of at least {MIN_SECRET_KEY_LENGTH} characters "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        )
+    if len(value) < MIN_SECRET_KEY_LENGTH or len(set(value)) < MIN_SECRET_KEY_CHARACTERS:
+        raise ImproperlyConfigured(
+            f"{name} is too short or too plain for DEBUG off: it needs at least {MIN_SECRET_KEY_LENGTH} "
+            f"characters, {MIN_SECRET_KEY_CHARACTERS} of them different; got {len(value)} characters"
+        )
+    return value

@@ -1,5 +1,12 @@
-"""Operational endpoints: liveness, readiness and Prometheus metrics."""
+"""Operational endpoints: liveness, readiness and Prometheus metrics.
 
+The probes are open and name no tenant. /metrics is not public: it tells who can scrape it how
+many connections, users and agents an instance holds, so it answers only a bearer of
+RELAY_METRICS_TOKEN when one is set, and only loopback clients when none is.
+"""
+
+import hmac
+import ipaddress
 from typing import Literal
 
 import redis
@@ -10,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
-from relay.api import Operation, documented, endpoint
+from relay.api import ErrorBody, Operation, documented, endpoint, error_response
 from relay.redis_clients import sync_client
 
 
@@ -38,9 +45,41 @@ def ping(url: str, timeout: float = 0.5) -> str:
         client.close()
 
 
+def _is_loopback(address: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(address or "").is_loopback
+    except ValueError:
+        return False
+
+
+def scrape_refusal(request: HttpRequest) -> HttpResponse | None:
+    """Why `request` may not read /metrics (401 or 403), or None when it may."""
+    expected = settings.RELAY_METRICS_TOKEN
+    if expected is None:
+        if _is_loopback(request.META.get("REMOTE_ADDR")):
+            return None
+        return error_response(403, "forbidden", "loopback clients only, unless RELAY_METRICS_TOKEN is set")
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return error_response(401, "unauthorized", "send Authorization: Bearer <RELAY_METRICS_TOKEN>")
+    if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        return error_response(403, "forbidden", "wrong metrics token")
+    return None
+
+
 @endpoint("GET", authenticated=False)
+@documented(
+    GET=Operation(
+        "Prometheus metrics: to a bearer of RELAY_METRICS_TOKEN, or to loopback clients when it is unset",
+        {200: str, 401: ErrorBody, 403: ErrorBody},
+        tags=("operations",),
+    )
+)
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text format for this instance."""
+    """Prometheus text format for this instance, to a scraper that may read it."""
+    refusal = scrape_refusal(request)
+    if refusal is not None:
+        return refusal
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 

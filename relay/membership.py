@@ -17,6 +17,7 @@ import weakref
 from collections import deque
 
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import Signal, receiver
@@ -24,6 +25,7 @@ from django.dispatch import Signal, receiver
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.models import Channel, Membership, User
+from relay.redis_clients import sync_client
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,9 @@ EVENT = "membership.changed"
 # connect's database hop takes milliseconds, and a process sees far fewer changes than this
 # in that time. A connection that falls further behind re-reads its channels (`listen`).
 RECENT_CHANGES = 4096
+# A user's membership version lives this long after their last change: a version that has gone
+# reads as a change (one needless re-read), never as none.
+VERSION_TTL_SECONDS = 7 * 24 * 3600
 
 # Sent (sender=Membership, channel=, user=, membership_id=) once a membership was added and the
 # user's live connections were told: an app announces what the new membership makes visible to
@@ -182,9 +187,31 @@ def _added(channel: Channel, user: User, membership_id: int | None) -> None:
             log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
 
 
+def version_key(user_pk: int) -> str:
+    """The Redis key of the user's membership version, which every committed change bumps."""
+    return f"relay:membership-version:{user_pk}"
+
+
+@functools.cache
+def _versions(url: str) -> object:
+    return sync_client(url)
+
+
+def _bump_version(user_pk: int) -> None:
+    # Before the notice: the notice may be lost (pub/sub drops messages while a subscriber
+    # reconnects); the version cannot, and every instance compares it each refresh interval.
+    try:
+        key = version_key(user_pk)
+        with _versions(settings.RELAY_REDIS_URL).pipeline() as pipe:
+            pipe.incr(key).expire(key, VERSION_TTL_SECONDS).execute()
+    except Exception as error:
+        log_event(logger, "membership.version_failed", logging.ERROR, error=type(error).__name__)
+
+
 def _notify(user_pk: int, channel_id: uuid.UUID, *, member: bool) -> None:
+    _bump_version(user_pk)
     # A channel-layer fault leaves the change made (it is durable) and the live connections to
-    # pick it up on their next connect.
+    # pick it up at their instance's next reconciliation (relay/reconcile.py).
     try:
         async_to_sync(channel_layer().group_send)(
             MEMBERSHIP_GROUP, {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member}

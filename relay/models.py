@@ -8,6 +8,7 @@ import hashlib
 import secrets
 import uuid
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
@@ -39,6 +40,13 @@ class Environment(models.Model):
     signing_secret = models.CharField(max_length=128, default=new_signing_secret)
     secret_rotated_at = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Staff who are not superusers see, in admin, only the environments they are granted here.
+    staff = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="relay_environments",
+        help_text="Staff (other than superusers) who may see this environment in admin.",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -4,7 +4,8 @@ Daphne runs Twisted on an asyncio loop it creates at import time with
 `asyncio.new_event_loop()`; installing uvloop's policy first makes that loop a uvloop
 one, and every coroutine of the application (the consumer, the channel layer, presence)
 runs on it. It also raises the garbage collector's thresholds and the listen backlog and
-leaves Daphne's plain-text access log off unless asked for. Every option is Daphne's own.
+leaves Daphne's plain-text access log off unless asked for; when it is on, its lines carry no
+query string (a connection token travels in /v1/ws's). Every option is Daphne's own.
 """
 
 import argparse
@@ -12,6 +13,8 @@ import asyncio
 import gc
 import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import uvloop
 
@@ -34,16 +37,44 @@ def _lean_log_records() -> None:
     logging._srcfile = None
 
 
+class WithoutQueryStrings:
+    """An access logger (Daphne's `action_logger`) that passes every line on without its query string.
+
+    The query string of /v1/ws holds the connection token, and Daphne's HTTP lines print the whole
+    URI; no other path's query is worth a credential in a log file.
+    """
+
+    def __init__(self, access_log: Callable[[str, str, dict], Any]) -> None:
+        self.access_log = access_log
+
+    def __call__(self, protocol: str, action: str, details: dict) -> None:
+        path = details.get("path")
+        if isinstance(path, str) and "?" in path:
+            details = {**details, "path": path.partition("?")[0]}
+        self.access_log(protocol, action, details)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Install uvloop's event loop policy, then hand the command line to Daphne."""
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     # Imported only now: daphne.server builds its loop (and installs Twisted's reactor) when it is
     # first imported.
     from daphne.cli import CommandLineInterface
+    from daphne.server import Server
+
+    class RelayServer(Server):
+        """Daphne's server, its access log (when one is asked for) without query strings."""
+
+        def __init__(self, *args: Any, action_logger: Callable | None = None, **kwargs: Any) -> None:
+            quiet = None if action_logger is None else WithoutQueryStrings(action_logger)
+            super().__init__(*args, action_logger=quiet, **kwargs)
+
+    class RelayCommandLine(CommandLineInterface):
+        server_class = RelayServer
 
     _lean_log_records()
     gc.set_threshold(*GC_THRESHOLDS)
-    CommandLineInterface().run(daphne_arguments(sys.argv[1:] if argv is None else argv))
+    RelayCommandLine().run(daphne_arguments(sys.argv[1:] if argv is None else argv))
 
 
 def daphne_arguments(argv: list[str]) -> list[str]:

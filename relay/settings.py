@@ -9,15 +9,19 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from relay.env import check_redis_url, env_bool, env_choice, env_int, env_list, env_str
+from relay.env import check_redis_url, check_secret_key, env_bool, env_choice, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # ── Django ───────────────────────────────────────────────────────────────────
 DEBUG = env_bool("DEBUG", False)
-# Dev-safe default only: a deployment sets its own. Tokens are signed with each
-# environment's own secret, never with this one.
-SECRET_KEY = env_str("SECRET_KEY", "relay-dev-insecure-secret-key-change-me-in-production")
+# Signs admin sessions and CSRF tokens (connection tokens are signed with each environment's own
+# secret, never with this one). The development default is refused unless DEBUG is on: a
+# deployment that forgot its key would otherwise sign staff sessions with a published string.
+DEVELOPMENT_SECRET_KEY = "relay-dev-insecure-secret-key-change-me-in-production"
+SECRET_KEY = check_secret_key(
+    "SECRET_KEY", env_str("SECRET_KEY"), development_default=DEVELOPMENT_SECRET_KEY, debug=DEBUG
+)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 
 INSTALLED_APPS = [
@@ -46,6 +50,20 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# ── HTTPS (a deployment behind TLS, terminated here or at a proxy) ───────────
+# RELAY_HTTPS: cookies only over HTTPS, plain HTTP redirected to HTTPS, and HSTS for
+# RELAY_HSTS_SECONDS (a year unless set; 0 sends none). The probes stay reachable over plain
+# HTTP: a load balancer's health check does not follow a redirect.
+RELAY_HTTPS = env_bool("RELAY_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = RELAY_HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("RELAY_HSTS_SECONDS", 365 * 24 * 3600 if RELAY_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+# Behind a proxy that terminates TLS and sets X-Forwarded-Proto (and strips any the client
+# sent): without it every request looks like plain HTTP and RELAY_HTTPS redirects for ever.
+if env_bool("RELAY_TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 ROOT_URLCONF = "relay.urls"
 ASGI_APPLICATION = "relay.asgi.application"
@@ -155,6 +173,17 @@ if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
 # four-byte characters is that big, and every connection must be able to take one.
 DEFAULT_MAX_PENDING_BYTES = 4 * 1024 * 1024
 RELAY_MAX_PENDING_BYTES = env_int("RELAY_MAX_PENDING_BYTES", DEFAULT_MAX_PENDING_BYTES, minimum=64 * 1024)
+
+# ── Connection tokens ────────────────────────────────────────────────────────
+# The longest a connection token may live (exp - iat), minted by POST /v1/tokens or by a
+# tenant's backend: a token is a bearer credential carried in a URL, good until it expires.
+DEFAULT_MAX_TOKEN_TTL_S = 86_400
+RELAY_MAX_TOKEN_TTL_S = env_int("RELAY_MAX_TOKEN_TTL_S", DEFAULT_MAX_TOKEN_TTL_S, minimum=1)
+
+# ── Metrics ──────────────────────────────────────────────────────────────────
+# The bearer token a Prometheus scrape of /metrics must send; unset, only loopback clients may
+# read it (relay/health.py).
+RELAY_METRICS_TOKEN = env_str("RELAY_METRICS_TOKEN")
 
 # ── Agents (seed 000) ────────────────────────────────────────────────────────
 DEFAULT_AGENT_TTL_MS = 30_000

@@ -1,10 +1,12 @@
 """Connection tokens: short-lived HS256 JWTs bound to one environment and one user.
 
 Each environment signs with its own secret, so a tenant's backend may mint tokens
-itself (claims `env`, `sub`, `iat`, `exp`) and a token can never open a session in
-another tenant: its signature only verifies against the secret of the `env` it names.
+itself (claims `env`, `sub`, `iat`, `exp`, and optionally `jti`) and a token can never open a
+connection in another tenant: its signature only verifies against the secret of the `env` it
+names. However it was minted, a token living longer than RELAY_MAX_TOKEN_TTL_S is refused.
 """
 
+import secrets
 import threading
 import time
 import uuid
@@ -12,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import jwt
 import orjson
+from django.conf import settings
 from django.utils import timezone
 from jwt.utils import base64url_decode
 
@@ -21,12 +24,14 @@ from relay.queries import user_by_external_id
 
 ALGORITHM = "HS256"
 DEFAULT_TTL_SECONDS = 3600
-MAX_TTL_SECONDS = 24 * 3600
+# How far ahead of this host's clock a minting backend's may run (`iat`, and `exp` likewise).
+CLOCK_SKEW_SECONDS = 30
 _REQUIRED_CLAIMS = ["env", "sub", "iat", "exp"]
 # How long a process trusts the signing secret it read for an environment. A rotation in this
-# process forgets it at once; another process keeps accepting tokens signed with the OLD secret
-# for up to this long (a token signed with the NEW one is never refused: a signature that fails
-# against a cached secret is checked once more against the database's).
+# process forgets it at once, and every other process when the rotation's notice arrives or at
+# its next reconciliation (relay/reconcile.py), which also closes any connection a token signed
+# with the OLD secret opened meanwhile. A token signed with the NEW one is never refused: a
+# signature that fails against a cached secret is checked once more against the database's.
 SECRET_CACHE_SECONDS = 10.0
 
 _environments: dict[uuid.UUID, tuple[float, Environment]] = {}
@@ -53,13 +58,18 @@ def _environment(environment_id: uuid.UUID, *, fresh: bool = False) -> Environme
     return environment
 
 
+def forget_environment(environment_id: str | uuid.UUID) -> None:
+    """Drop this process's cached secret of the environment: the next token is checked against the database's."""
+    with _environments_lock:
+        _environments.pop(uuid.UUID(str(environment_id)), None)
+
+
 def rotate_signing_secret(environment: Environment) -> None:
     """Replace the environment's signing secret; tokens signed with the old one stop working."""
     environment.signing_secret = new_signing_secret()
     environment.secret_rotated_at = timezone.now()
     environment.save(update_fields=["signing_secret", "secret_rotated_at"])
-    with _environments_lock:
-        _environments.pop(environment.id, None)
+    forget_environment(environment.id)
 
 
 def mint_token(
@@ -68,7 +78,9 @@ def mint_token(
     """Return a token for `user_id` in `environment` and the moment it expires."""
     issued = (now or datetime.now(UTC)).replace(microsecond=0)
     expires = issued + timedelta(seconds=ttl_seconds)
+    # `jti`: two tokens minted for one user in one second are still two different credentials.
     claims = {"env": str(environment.id), "sub": user_id, "iat": issued, "exp": expires}
+    claims["jti"] = secrets.token_urlsafe(12)
     return _CODEC.encode(claims, environment.signing_secret, algorithm=ALGORITHM), expires
 
 
@@ -111,6 +123,9 @@ def authenticate(token: str | None) -> tuple[Environment, str]:
     subject = claims["sub"]
     if not isinstance(subject, str):
         raise InvalidToken("malformed subject")
+    # PyJWT has checked that both read as integers, and `iat` is no later than now + the skew.
+    if int(claims["exp"]) - int(claims["iat"]) > settings.RELAY_MAX_TOKEN_TTL_S:
+        raise InvalidToken("lifetime over RELAY_MAX_TOKEN_TTL_S")
     return environment, subject
 
 
@@ -131,4 +146,4 @@ def _claimed_environment(token: str) -> uuid.UUID:
 
 
 def _verified_claims(token: str, secret: str) -> dict:
-    return _CODEC.decode(token, secret, algorithms=[ALGORITHM])
+    return _CODEC.decode(token, secret, algorithms=[ALGORITHM], leeway=CLOCK_SKEW_SECONDS)

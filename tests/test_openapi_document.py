@@ -5,8 +5,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from relay.api import UserBody
 
-# Operational or development routes outside the API the document describes.
-UNDOCUMENTED = {"/metrics", "/demo/session"}
+# Development routes outside the API the document describes.
+UNDOCUMENTED = {"/demo/session"}
 
 
 def endpoint_routes() -> dict[str, tuple[str, ...]]:

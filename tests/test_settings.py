@@ -1,5 +1,7 @@
 """Settings come from the environment through strict helpers; defaults are the contract's."""
 
+import re
+import secrets
 import subprocess
 import sys
 
@@ -44,10 +46,18 @@ def test_env_bool_accepts_the_usual_spellings_and_refuses_others(monkeypatch):
         env_bool("DEBUG", False)
 
 
+# A deployment's: DEBUG off, a key of its own.
+DEPLOYED = {
+    "DJANGO_SETTINGS_MODULE": "relay.settings",
+    "PATH": "/usr/bin:/bin",
+    "SECRET_KEY": secrets.token_urlsafe(50),
+}
+
+
 def _start_up(**env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],
-        env={"DJANGO_SETTINGS_MODULE": "relay.settings", "PATH": "/usr/bin:/bin", **env},
+        env={**DEPLOYED, **env},
         capture_output=True,
         text=True,
         cwd=settings.BASE_DIR,
@@ -83,8 +93,7 @@ def test_sqlite_runs_in_wal_mode_with_immediate_transactions(tmp_path):
             "print(c.execute('PRAGMA journal_mode').fetchone()[0], connection.transaction_mode)",
         ],
         env={
-            "DJANGO_SETTINGS_MODULE": "relay.settings",
-            "PATH": "/usr/bin:/bin",
+            **DEPLOYED,
             "DATABASE_URL": f"sqlite:///{tmp_path / 'wal.sqlite3'}",
         },
         capture_output=True,
@@ -98,8 +107,7 @@ def test_database_url_selects_postgresql():
     probe = subprocess.run(
         [sys.executable, "-c", "from django.conf import settings; print(settings.DATABASES['default']['ENGINE'])"],
         env={
-            "DJANGO_SETTINGS_MODULE": "relay.settings",
-            "PATH": "/usr/bin:/bin",
+            **DEPLOYED,
             "DATABASE_URL": "postgres://relay:secret@db.internal:5432/relay",
         },
         capture_output=True,
@@ -114,3 +122,69 @@ def test_the_limit_defaults_to_4_mib_and_cannot_be_set_below_one_largest_frame()
     assert _start_up(RELAY_MAX_PENDING_BYTES="65536").returncode == 0
     failed = _start_up(RELAY_MAX_PENDING_BYTES="65535")
     assert "RELAY_MAX_PENDING_BYTES must be at least 65536" in failed.stderr
+
+
+@pytest.mark.parametrize(
+    "key, says",
+    [
+        (relay_settings.DEVELOPMENT_SECRET_KEY, "SECRET_KEY is unset or the development default"),
+        ("", "SECRET_KEY is unset or the development default"),
+        ("x" * 60, "SECRET_KEY is too short or too plain"),
+        ("short-but-varied-0123", "SECRET_KEY is too short or too plain"),
+    ],
+)
+def test_with_debug_off_an_unsafe_secret_key_stops_start_up_naming_it(key, says):
+    assert _start_up().returncode == 0
+    failed = _start_up(SECRET_KEY=key)
+    assert failed.returncode != 0
+    assert says in failed.stderr
+
+
+def test_with_debug_on_the_development_key_is_allowed():
+    assert _start_up(DEBUG="1", SECRET_KEY="").returncode == 0
+    assert _start_up(DEBUG="0", SECRET_KEY="").returncode != 0
+
+
+def _check_deploy(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        env={**DEPLOYED, "ALLOWED_HOSTS": "relay.example.com", **env},
+        capture_output=True,
+        text=True,
+        cwd=settings.BASE_DIR,
+    )
+
+
+def test_check_deploy_passes_under_the_readmes_production_settings():
+    # The README's "Running several instances" block: a key, the hosts, and HTTPS.
+    passed = _check_deploy(RELAY_HTTPS="1")
+    assert passed.returncode == 0, passed.stderr
+    assert "no issues" in passed.stdout
+    plain = _check_deploy()
+    assert plain.returncode != 0
+    assert {"security.W004", "security.W008", "security.W012", "security.W016"} <= set(
+        re.findall(r"security\.W\d+", plain.stderr)
+    )
+
+
+def test_https_settings_follow_the_environment():
+    probe = (
+        "from django.conf import settings as s; "
+        "print(s.SECURE_SSL_REDIRECT, s.SESSION_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, s.SECURE_PROXY_SSL_HEADER)"
+    )
+
+    def read(**env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**DEPLOYED, **env},
+            capture_output=True,
+            text=True,
+            cwd=settings.BASE_DIR,
+        )
+        return done.stdout.strip() or done.stderr
+
+    assert read() == "False False 0 None"
+    assert read(RELAY_HTTPS="1") == "True True 31536000 None"
+    assert read(RELAY_HTTPS="1", RELAY_HSTS_SECONDS="0", RELAY_TRUST_X_FORWARDED_PROTO="1") == (
+        "True True 0 ('HTTP_X_FORWARDED_PROTO', 'https')"
+    )

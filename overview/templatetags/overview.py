@@ -3,11 +3,12 @@
 from django import template
 
 from overview.views import overviews
+from relay.admin import visible_environments
 
 register = template.Library()
 
 
-@register.inclusion_tag("admin/overview/overview.html")
-def environments_overview() -> dict:
-    """Render each environment's online and agent counts, linking to its Presence page."""
-    return {"overviews": overviews()}
+@register.inclusion_tag("admin/overview/overview.html", takes_context=True)
+def environments_overview(context: template.Context) -> dict:
+    """Render the online and agent counts of each environment the staff member may see, linking to its Presence page."""
+    return {"overviews": overviews(visible_environments(context["request"].user))}

@@ -336,6 +336,16 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
             prepared.append((name, self.channel_layer.serialize(message)))
         return prepared
 
+    def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
+        """The Redis channel name of every group named `prefix`..., minus the rest of the group's name.
+
+        None unless the layer has one shard and it is the Redis at `redis_url`: a script there can
+        then PUBLISH to any such group by name.
+        """
+        if len(self._shards) != 1 or self._shards[0].host.get("address") != redis_url:
+            return None
+        return self._get_group_channel_name(prefix)
+
     async def flush(self) -> None:
         """Forget everything, the inbox subscription included."""
         await super().flush()
@@ -375,6 +385,10 @@ class RelayPubSubChannelLayer(RedisPubSubChannelLayer):
     def publications(self, sends: Sequence[tuple[str, dict]], redis_url: str) -> list[tuple[str, bytes]] | None:
         """(Redis channel, serialized message) per (group, message); None unless they live on `redis_url`."""
         return self._get_layer().publications(sends, redis_url)
+
+    def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
+        """The Redis channel prefix of the groups named `prefix`..., when they all live on `redis_url`."""
+        return self._get_layer().group_channel_prefix(prefix, redis_url)
 
     async def route_group(self, group: str, callback: Callable[[dict], None]) -> None:
         """Hand every message of `group` to `callback` as it is read (see the loop layer)."""

@@ -1,0 +1,125 @@
+"""Presence under real operations: a dead instance's users reaped at scale and in order, Redis
+losing its data, a failed grace check, a refused replacement (issue 21).
+
+Real Daphne processes on a real Redis. A dead instance is played by a PresenceStore in this
+process that admits users (the same ADMIT script an instance runs) and then never refreshes
+them, as a SIGKILLed instance would not: its users' keys expire and their deadlines fall due.
+"""
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async
+
+from presence import actions
+from presence.store import PresenceStore, Timings, marker_key
+from relay.models import Membership, User
+from tests.support import (
+    GRACE,
+    MARGIN,
+    REFRESH,
+    TTL,
+    WAIT,
+    Tenant,
+    barrier,
+    close_all,
+    connect,
+    lines,
+    states,
+    timings,
+    until,
+)
+
+pytestmark = pytest.mark.live
+
+
+@database_sync_to_async
+def add_users(tenant: Tenant, prefix: str, count: int, channel: str) -> list[str]:
+    """`count` users of `tenant`, members of `channel` (by name), in two statements."""
+    users = User.objects.bulk_create(
+        [User(environment=tenant.environment, external_id=f"{prefix}-{i:05d}") for i in range(count)]
+    )
+    Membership.objects.bulk_create([Membership(channel=tenant.channels[channel], user=user) for user in users])
+    return [user.external_id for user in users]
+
+
+async def held_by_a_dead_instance(
+    redis_url: str, tenant: Tenant, user_ids: list[str], channel: str, ttl: int, grace: int, refresh: int
+) -> None:
+    """Admit every user as an instance would, then never refresh them: that instance died."""
+    store = PresenceStore(redis_url, Timings(grace=grace, ttl=ttl, refresh=refresh, margin=MARGIN, max_connections=5))
+    environment_id = str(tenant.environment.id)
+    channel_ids = [str(tenant.channels[channel].id)]
+    try:
+        elections = await asyncio.gather(
+            *(store.elect(environment_id, user_id, uuid.uuid4().hex, channels=channel_ids) for user_id in user_ids)
+        )
+        assert all(election is not None and election.won for election in elections)
+    finally:
+        await store.close()
+
+
+def offline_heard(watcher, user_ids: list[str]) -> int:
+    wanted = set(user_ids)
+    return sum(1 for change in watcher.changes() if change["state"] == "offline" and change["user"] in wanted)
+
+
+async def test_the_reapers_offline_never_lands_after_a_reconnects_online(live_instances, acme, redis_url, redis_client):
+    a, b = live_instances(2, **timings())
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    users = await add_users(acme, "gone", 300, "general")
+    await held_by_a_dead_instance(redis_url, acme, users, "general", TTL, GRACE, REFRESH)
+    # The reaper decides them all in one script; the moment the first is decided, the last ones
+    # come back on a surviving instance, racing whatever the reaper still has to do for them.
+    first = marker_key(str(acme.environment.id), users[0])
+    await until(lambda: redis_client.exists(first), timeout=(TTL + GRACE) / 1000 + WAIT, interval=0.002)
+    back = users[-10:]
+    returned = await asyncio.gather(*(connect(a, acme, user_id) for user_id in back))
+    for watcher in (linh, tuan):
+        await watcher.wait_for(lambda w: offline_heard(w, users) == len(users))
+        await watcher.wait_for(lambda w: all(states(w, user_id)[-1:] == ["online"] for user_id in back))
+    # A reaper pass later, nothing more: the last word on each returned user is their `online`.
+    await asyncio.sleep(2 * REFRESH / 1000)
+    probe = await barrier(a, acme, [linh, tuan])
+    for watcher in (linh, tuan):
+        for user_id in back:
+            assert states(watcher, user_id) == ["offline", "online"]
+        assert states(watcher, users[0]) == ["offline"]
+    await close_all(linh, tuan, probe, *returned)
+
+
+async def test_a_dead_instances_ten_thousand_users_are_reaped_by_two_survivors_in_time(live_instances, acme, redis_url):
+    ttl, grace, refresh = 2000, 1000, 500
+    a, b = live_instances(2, **timings(grace=grace, ttl=ttl, refresh=refresh))
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    # Not in the database at all: the reaper publishes to the channels kept beside each deadline.
+    users = [f"ghost-{i:05d}" for i in range(10_000)]
+    before = {id(watcher): len(watcher.frames) for watcher in (linh, tuan)}
+    await held_by_a_dead_instance(redis_url, acme, users, "general", ttl, grace, refresh)
+    died = time.monotonic()
+    bound = (ttl + grace + 2 * refresh) / 1000
+    # Cheap to ask on every frame: the watchers hear nothing else meanwhile (checked below).
+    heard_all = await asyncio.gather(
+        *(
+            watcher.wait_for(lambda w: len(w.frames) >= before[id(w)] + len(users) and time.monotonic(), bound + WAIT)
+            for watcher in (linh, tuan)
+        )
+    )
+    # Every one of them within TTL + grace + 2 x refresh of the death, at both survivors.
+    assert max(heard_all) - died <= bound
+    for watcher in (linh, tuan):
+        assert offline_heard(watcher, users) == len(users)
+    # Both survivors reaped (each REAP script takes a batch), one `offline` per user in all.
+    published = lines([a, b], "presence.published", state="offline")
+    assert len(published) == len(users)
+    assert {line["user"] for line in published} == set(users)
+    # The survivors' own users were refreshed throughout: never found vanished, never offline.
+    assert lines([a, b], "presence.suppressed", reason=actions.VANISHED) == []
+    probe = await barrier(a, acme, [linh, tuan])
+    assert states(linh, "tuan") == ["online"]
+    assert "linh" in tuan.of_type("presence.snapshot")[0]["online"] and states(tuan, "linh") == []
+    await close_all(linh, tuan, probe)

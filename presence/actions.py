@@ -231,20 +231,27 @@ class PresenceService:
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
         # them leave; one they were removed from must not.
-        ordered = sorted(await read_channel_ids(environment_id, user_id))
+        try:
+            ordered = sorted(await read_channel_ids(environment_id, user_id))
+        except Exception as error:
+            record_failure("grace_check:channels", error)
+            self._check_again(subject, epoch)
+            return
         transition_id = str(uuid.uuid4())
         publish = self._script_publishes("offline", user_id, ordered, transition_id)
         reply = await self.store.grace_check(environment_id, user_id, epoch, publish or ())
         if reply is None:
+            # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
+            # a Redis blip at this moment would otherwise leave the user online for good.
+            self._check_again(subject, epoch)
             return
         outcome, now = reply
         if outcome == 3:
             # Redis lost its data since the close (a restart, an eviction): the key's absence says
             # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
-            # in the new epoch, unless a newer close armed its own check meanwhile.
+            # in the new epoch.
             suppressed(user_id, "offline", EPOCH_CHANGED)
-            if subject not in self.pending and subject not in self.held and not self.closed:
-                self._arm_grace_check(subject, now, self.timings.refresh + self.timings.margin)
+            self._check_again(subject, now)
         elif outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
         elif outcome == 1 and publish is not None:
@@ -253,6 +260,11 @@ class PresenceService:
             await self.publish(environment_id, user_id, "offline", ordered, transition_id)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
+
+    def _check_again(self, subject: Subject, epoch: str | None) -> None:
+        """Run the grace check again one refresh interval on, unless a newer close armed its own."""
+        if subject not in self.pending and subject not in self.held and not self.closed:
+            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin)
 
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:

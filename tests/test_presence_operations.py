@@ -11,12 +11,15 @@ import time
 import uuid
 
 import pytest
+import redis
 from channels.db import database_sync_to_async
 
+from devtools.embedded_redis import EmbeddedRedis
 from presence import actions
-from presence.store import PresenceStore, Timings, marker_key
+from presence.store import PresenceStore, Timings, marker_key, presence_key
 from relay.models import Membership, User
 from tests.support import (
+    CHECK,
     GRACE,
     MARGIN,
     REFRESH,
@@ -26,7 +29,9 @@ from tests.support import (
     barrier,
     close_all,
     connect,
+    heard,
     lines,
+    logged,
     states,
     timings,
     until,
@@ -123,3 +128,29 @@ async def test_a_dead_instances_ten_thousand_users_are_reaped_by_two_survivors_i
     assert states(linh, "tuan") == ["online"]
     assert "linh" in tuan.of_type("presence.snapshot")[0]["online"] and states(tuan, "linh") == []
     await close_all(linh, tuan, probe)
+
+
+async def test_a_grace_check_that_failed_is_asked_again(live_instances, acme):
+    presence_redis = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+        linh = await connect(a, acme, "linh")
+        tuan = await connect(b, acme, "tuan")
+        assert await heard(linh, "tuan", 1) == ["online"]
+        key = presence_key(str(acme.environment.id), "tuan")
+        client = redis.Redis.from_url(presence_redis.url)
+        await tuan.close()
+        # The close's re-pin is done; then Redis goes away until tuan's grace check has failed.
+        await until(lambda: 0 < client.pttl(key) <= GRACE)
+        client.close()
+        presence_redis.stop()
+        await logged(b, "presence.failed", op="grace_check")
+        presence_redis.start()  # empty: the deadline went too, so no reaper would say it
+        assert await heard(linh, "tuan", 2, timeout=CHECK / 1000 + WAIT) == ["online", "offline"]
+        await logged(b, "presence.published", user="tuan", state="offline")
+        probe = await barrier(a, acme, [linh])
+        assert states(linh, "tuan") == ["online", "offline"]
+        await close_all(linh, probe)
+    finally:
+        presence_redis.close()
+

@@ -68,6 +68,9 @@ class Held:
     admitting: set[str] = field(default_factory=set)
     # The channel ids last written beside the user's deadline (for the reaper); None: unknown.
     written: frozenset[str] | None = None
+    # A close found only connections still being admitted here and so did not re-pin: if none
+    # of them is let in (4429), the refusal does the last close's re-pin and grace check.
+    close_owed: bool = False
 
     def admitted(self) -> list[str]:
         """The ids of the connections whose election has been answered."""
@@ -160,10 +163,16 @@ class PresenceService:
         finally:
             held.admitting.discard(conn.connection_id)
         if election is None:
+            held.close_owed = False
             return None
         if not election.admitted:
-            self._forget(subject, conn.connection_id)
+            if self._forget(subject, conn.connection_id) and held.close_owed and not self.closed:
+                # The user's last admitted connection here closed while this one was being
+                # admitted, and left the re-pin and the grace check to it.
+                epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=True)
+                self._arm_grace_check(subject, epoch)
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
+        held.close_owed = False
         held.confirmed = True
         held.written = frozenset(channels)
         if not election.won:
@@ -182,6 +191,11 @@ class PresenceService:
             return
         subject = (conn.environment_id, conn.user_id)
         last_local = self._forget(subject, conn.connection_id)
+        held = self.held.get(subject)
+        if held is not None and not held.admitted():
+            # Only connections still waiting for their election remain: whether this close was
+            # the last is theirs to tell (a refused one does the re-pin and the check).
+            held.close_owed = True
         refreshing = self._refreshing
         if refreshing is not None:
             # A refresh in flight was built before this close and still carries the connection.

@@ -26,6 +26,7 @@ from tests.support import (
     TTL,
     WAIT,
     Tenant,
+    WsClient,
     barrier,
     close_all,
     connect,
@@ -154,3 +155,30 @@ async def test_a_grace_check_that_failed_is_asked_again(live_instances, acme):
     finally:
         presence_redis.close()
 
+
+async def test_a_refused_replacement_keeps_the_last_closes_re_pin_and_grace_check(live_instances, acme, redis_client):
+    # A TTL and refresh far beyond the test: `offline` in time can only come from the grace check
+    # (the reaper would take TTL + grace), and no refresh runs while Redis is paused.
+    ttl = 12_000
+    (a,) = live_instances(1, **timings(ttl=ttl, refresh=5000, RELAY_MAX_CONNECTIONS_PER_USER=1))
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(a, acme, "tuan")
+    assert await heard(linh, "tuan", 1) == ["online"]
+    # Writes held back: the replacement's election waits in Redis, and the close of the
+    # connection it replaces runs meanwhile on the instance.
+    redis_client.execute_command("CLIENT", "PAUSE", 3000, "WRITE")
+    try:
+        opening = asyncio.ensure_future(WsClient.open(a.ws_url(acme.token("tuan"))))
+        await until(lambda: any(c["cmd"] == "evalsha" and "b" in c["flags"] for c in redis_client.client_list()))
+        await tuan.close()
+        await asyncio.sleep(0.1)
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+    replacement = await opening
+    # Redis saw the replacement first, while the closing connection still held the one slot.
+    assert await replacement.closed() == 4429
+    assert await heard(linh, "tuan", 2, timeout=CHECK / 1000 + 2) == ["online", "offline"]
+    assert not redis_client.exists(presence_key(str(acme.environment.id), "tuan"))
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "tuan") == ["online", "offline"]
+    await close_all(linh, probe)

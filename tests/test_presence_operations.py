@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions
-from presence.store import PresenceStore, Timings, marker_key, presence_key
+from presence.store import PresenceStore, Timings, connections_key, marker_key, presence_key
 from relay.models import Membership, User
 from tests.support import (
     CHECK,
@@ -182,3 +182,40 @@ async def test_a_refused_replacement_keeps_the_last_closes_re_pin_and_grace_chec
     probe = await barrier(a, acme, [linh])
     assert states(linh, "tuan") == ["online", "offline"]
     await close_all(linh, probe)
+
+
+async def test_redis_losing_its_data_before_a_grace_check_makes_no_flap(live_instances, acme):
+    presence_redis = EmbeddedRedis().start()
+    try:
+        # A refresh interval far longer than the check's delay: b's check comes before a's next
+        # refresh has re-elected tuan's key in the emptied Redis.
+        grace, refresh = 600, 2000
+        a, b = live_instances(
+            2, **timings(grace=grace, ttl=6000, refresh=refresh, RELAY_PRESENCE_REDIS_URL=presence_redis.url)
+        )
+        linh = await connect(a, acme, "linh")
+        on_a = await connect(a, acme, "tuan")
+        on_b = await connect(b, acme, "tuan")
+        assert await heard(linh, "tuan", 1) == ["online"]
+        client = redis.Redis.from_url(presence_redis.url)
+        conns = connections_key(str(acme.environment.id), "tuan")
+        held_on_a = on_a.of_type("connection.ack")[0]["connection_id"]
+        score = client.zscore(conns, held_on_a)
+        # Right after a's refresh (it rewrites its connection's expiry), tuan leaves b and the
+        # presence Redis restarts empty.
+        await until(lambda: client.zscore(conns, held_on_a) != score, timeout=refresh / 1000 + WAIT)
+        client.close()
+        await on_b.close()
+        presence_redis.stop()
+        presence_redis.start()
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.EPOCH_CHANGED)
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.STILL_OPEN, timeout=refresh / 1000 + WAIT)
+        probe = await barrier(a, acme, [linh])
+        assert states(linh, "tuan") == ["online"]
+        assert lines([a, b], "presence.published", user="tuan", state="offline") == []
+        # When he really leaves, it is said once.
+        await on_a.close()
+        assert await heard(linh, "tuan", 2, timeout=(grace + MARGIN) / 1000 + WAIT) == ["online", "offline"]
+        await close_all(linh, probe)
+    finally:
+        presence_redis.close()

@@ -22,6 +22,7 @@ from tests.support import (
     close_all,
     connect,
     heard,
+    logged,
     states,
     timings,
     until,
@@ -137,7 +138,11 @@ async def test_the_layer_subscribes_again_after_its_redis_restarts_empty(live_in
         assert await heard(linh, "tuan", 1) == ["online"]
         private.stop()
         private.start()  # empty: persistence is off
-        # The watcher connected before the restart hears a new arrival and a message after it.
+        # Each instance's layer reconnects and subscribes again by itself (pub/sub keeps nothing
+        # for the moments before it has: docs/presence.md); then the watcher connected before the
+        # restart hears a new arrival and a message.
+        for instance in (a, b):
+            await logged(instance, "layer.reconnected")
         await add_user(acme, "kim", ("general",))
         kim = await connect(b, acme, "kim")
         assert await heard(linh, "kim", 1, timeout=WAIT) == ["online"]

@@ -42,8 +42,10 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A redis-server child process bound to 127.0.0.1 with persistence off."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
+        # More of redis-server's options, e.g. ("--replicaof", "127.0.0.1", "6379").
+        self.extra_args = extra_args
         self.binary = find_redis_server()
         self._dir = tempfile.TemporaryDirectory(prefix="relay-redis-")
         self._process: subprocess.Popen | None = None
@@ -77,6 +79,7 @@ class EmbeddedRedis:
                 # Thousands of benchmark sockets each hold a subscription connection.
                 "--maxclients",
                 "50000",
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -106,6 +109,13 @@ class EmbeddedRedis:
                 self._process.wait()
         self._process = None
 
+    def kill(self) -> None:
+        """Die at once (SIGKILL), as a crashed host would."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
     def close(self) -> None:
         """Stop the server and remove its working directory."""
         self.stop()
@@ -116,3 +126,65 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class EmbeddedSentinel(EmbeddedRedis):
+    """A Redis Sentinel (the same binary, `--sentinel`) watching one master on loopback.
+
+    Timings are short for tests: the master is judged down after `down_after_ms` and a failover
+    that stalls is retried after `failover_timeout_ms`.
+    """
+
+    def __init__(
+        self, master_port: int, master: str = "mymaster", down_after_ms: int = 1000, failover_timeout_ms: int = 2000
+    ) -> None:
+        super().__init__()
+        self.master = master
+        config = Path(self._dir.name) / "sentinel.conf"
+        config.write_text(
+            f"sentinel monitor {master} 127.0.0.1 {master_port} 2\n"
+            f"sentinel down-after-milliseconds {master} {down_after_ms}\n"
+            f"sentinel failover-timeout {master} {failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {master} 1\n"
+        )
+        self._config = str(config)
+
+    def start(self, timeout: float = 10.0) -> "EmbeddedSentinel":
+        """Start the sentinel and wait until it answers."""
+        self._process = subprocess.Popen(
+            [
+                self.binary,
+                self._config,
+                "--sentinel",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--daemonize",
+                "no",
+                "--dir",
+                self._dir.name,
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    if self._process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"redis sentinel did not start on port {self.port}") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    @property
+    def address(self) -> str:
+        """`host:port`, as RELAY_REDIS_SENTINELS lists it."""
+        return f"127.0.0.1:{self.port}"

@@ -21,8 +21,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from presence.clock import Clock, LoopClock, Timer
-from presence.fabric import State, group_name, transition_message
-from presence.store import PresenceStore, Timings, member, record_failure, split_member
+from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
+from presence.store import REAP_BATCH, PresenceStore, Timings, member, record_failure, split_member
 from relay import metrics
 from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
@@ -40,6 +40,7 @@ STILL_OPEN = "a connection is still open somewhere"
 ANOTHER_PUBLISHED = "another instance published it"
 NEVER_RETRACTED = "its last online was never retracted (the instance that held it died)"
 VANISHED = "key vanished under a live connection; re-electing"
+EPOCH_CHANGED = "redis lost its data since the close; asking again after a refresh"
 
 # The copies of one group message reach every local member within milliseconds.
 INVALID_COPY_WINDOW_SECONDS = 1.0
@@ -65,6 +66,11 @@ class Held:
     connections: dict[str, set[str]] = field(default_factory=dict)
     confirmed: bool = False
     admitting: set[str] = field(default_factory=set)
+    # The channel ids last written beside the user's deadline (for the reaper); None: unknown.
+    written: frozenset[str] | None = None
+    # A close found only connections still being admitted here and so did not re-pin: if none
+    # of them is let in (4429), the refusal does the last close's re-pin and grace check.
+    close_owed: bool = False
 
     def admitted(self) -> list[str]:
         """The ids of the connections whose election has been answered."""
@@ -117,6 +123,9 @@ class PresenceService:
         self.pending: dict[Subject, Timer] = {}
         self.closed = False
         self._ticker: asyncio.Task | None = None
+        self._reaper: asyncio.Task | None = None
+        # The reaper's `offline`s decided on a separate presence Redis and not yet published.
+        self._unpublished: list[tuple[str, str, list[str]]] = []
         # Resolved when the refresh in flight (if any) has been answered by Redis.
         self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -149,16 +158,23 @@ class PresenceService:
         held.admitting.add(conn.connection_id)
         try:
             election = await self.store.elect(
-                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or ()
+                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or (), channels
             )
         finally:
             held.admitting.discard(conn.connection_id)
         if election is None:
+            held.close_owed = False
             return None
         if not election.admitted:
-            self._forget(subject, conn.connection_id)
+            if self._forget(subject, conn.connection_id) and held.close_owed and not self.closed:
+                # The user's last admitted connection here closed while this one was being
+                # admitted, and left the re-pin and the grace check to it.
+                epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=True)
+                self._arm_grace_check(subject, epoch)
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
+        held.close_owed = False
         held.confirmed = True
+        held.written = frozenset(channels)
         if not election.won:
             suppressed(conn.user_id, "online", NEVER_RETRACTED if election.unretracted else ALREADY_ONLINE)
         elif publish is not None:
@@ -175,6 +191,11 @@ class PresenceService:
             return
         subject = (conn.environment_id, conn.user_id)
         last_local = self._forget(subject, conn.connection_id)
+        held = self.held.get(subject)
+        if held is not None and not held.admitted():
+            # Only connections still waiting for their election remain: whether this close was
+            # the last is theirs to tell (a refused one does the re-pin and the check).
+            held.close_owed = True
         refreshing = self._refreshing
         if refreshing is not None:
             # A refresh in flight was built before this close and still carries the connection.
@@ -184,9 +205,9 @@ class PresenceService:
             await refreshing
         # AWAITED before the timer is armed: the re-pin's round trip then sits inside the wait
         # instead of racing the check (seed 004, R2b).
-        await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
+        epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
-            self._arm_grace_check(subject)
+            self._arm_grace_check(subject, epoch)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -200,16 +221,15 @@ class PresenceService:
         return True
 
     # ── the grace check ──────────────────────────────────────────────────────
-    def _arm_grace_check(self, subject: Subject) -> None:
+    def _arm_grace_check(self, subject: Subject, epoch: str | None, delay_ms: int | None = None) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
         previous = self.pending.pop(subject, None)
         if previous is not None:
             previous.cancel()
-        check = functools.partial(self._grace_check, subject)
-        self.pending[subject] = self.clock.call_later(
-            self.timings.check_delay / 1000, functools.partial(self._fire, subject, check)
-        )
+        check = functools.partial(self._grace_check, subject, epoch)
+        delay = self.timings.check_delay if delay_ms is None else delay_ms
+        self.pending[subject] = self.clock.call_later(delay / 1000, functools.partial(self._fire, subject, check))
 
     def _fire(self, subject: Subject, work: Callable[[], Awaitable[None]]) -> None:
         self.pending.pop(subject, None)
@@ -220,16 +240,33 @@ class PresenceService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject) -> None:
+    async def _grace_check(self, subject: Subject, epoch: str | None) -> None:
         environment_id, user_id = subject
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
         # them leave; one they were removed from must not.
-        ordered = sorted(await read_channel_ids(environment_id, user_id))
+        try:
+            ordered = sorted(await read_channel_ids(environment_id, user_id))
+        except Exception as error:
+            record_failure("grace_check:channels", error)
+            self._check_again(subject, epoch)
+            return
         transition_id = str(uuid.uuid4())
         publish = self._script_publishes("offline", user_id, ordered, transition_id)
-        outcome = await self.store.grace_check(environment_id, user_id, publish or ())
-        if outcome == 0:
+        reply = await self.store.grace_check(environment_id, user_id, epoch, publish or ())
+        if reply is None:
+            # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
+            # a Redis blip at this moment would otherwise leave the user online for good.
+            self._check_again(subject, epoch)
+            return
+        outcome, now = reply
+        if outcome == 3:
+            # Redis lost its data since the close (a restart, an eviction): the key's absence says
+            # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
+            # in the new epoch.
+            suppressed(user_id, "offline", EPOCH_CHANGED)
+            self._check_again(subject, now)
+        elif outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
         elif outcome == 1 and publish is not None:
             _published(user_id, "offline", len(ordered))
@@ -238,29 +275,42 @@ class PresenceService:
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
+    def _check_again(self, subject: Subject, epoch: str | None) -> None:
+        """Run the grace check again one refresh interval on, unless a newer close armed its own."""
+        if subject not in self.pending and subject not in self.held and not self.closed:
+            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin)
+
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
-        if self._ticker is None and not self.closed:
-            self._ticker = asyncio.ensure_future(self._tick_forever())
+        if self.closed:
+            return
+        # Two tasks: a long reaper pass (a dead peer's thousands of users) never delays this
+        # instance's own refresh past the TTL. Each stops when the instance holds nobody: every
+        # live watcher is held by some instance, and that instance's reaper tells them about a
+        # dead peer's users.
+        if self._ticker is None:
+            self._ticker = asyncio.ensure_future(self._every_interval("refresh", self._refresh))
+        if self._reaper is None:
+            self._reaper = asyncio.ensure_future(self._every_interval("reap", self._reap))
 
-    async def _tick_forever(self) -> None:
-        # One task per instance, not one per connection per interval. It stops when the
-        # instance holds nobody: every live watcher is held by some instance, and that
-        # instance's reaper is the one that tells them about a dead peer's users.
+    async def _every_interval(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         try:
             while self.held and not self.closed:
                 await self.clock.sleep(self.timings.refresh / 1000)
                 try:
-                    await self.tick()
+                    await work()
                 except Exception as error:
                     # Redis faults are handled inside; this is the net that keeps one
-                    # unexpected error from ending refresh and reaping for good.
-                    record_failure("tick", error)
+                    # unexpected error from ending refresh or reaping for good.
+                    record_failure(name, error)
         finally:
-            self._ticker = None
+            if name == "refresh":
+                self._ticker = None
+            else:
+                self._reaper = None
 
     async def tick(self) -> None:
-        """Refresh every held user in one round trip, then reap dead instances' users."""
+        """Refresh every held user in one round trip, then reap dead instances' users (as both tasks do)."""
         if self.held:
             await self._refresh()
         await self._reap()
@@ -269,40 +319,63 @@ class PresenceService:
         snapshot = {}
         for subject, held in self.held.items():
             if admitted := held.admitted():
-                snapshot[member(*subject)] = (subject, held, admitted)
+                channels = frozenset(held.channels())
+                snapshot[member(*subject)] = (subject, held, admitted, channels)
         if not snapshot:
             return
+        sent = [
+            (name, None if held.written == channels else sorted(channels), admitted)
+            for name, (_, held, admitted, channels) in snapshot.items()
+        ]
         self._refreshing = asyncio.get_running_loop().create_future()
         try:
-            vanished = await self.store.refresh((name, admitted) for name, (_, _, admitted) in snapshot.items())
+            reply = await self.store.refresh(sent)
         finally:
             self._refreshing.set_result(None)
             self._refreshing = None
-        if vanished is None:
+        if reply is None:
             return
+        vanished, unwritten = reply
+        for _, held, _, channels in snapshot.values():
+            held.written = channels
+        for name in unwritten:
+            snapshot[name][1].written = None  # sent again next time
         for name, had_marker in vanished:
-            subject, held, _ = snapshot[name]
+            subject, held, _, _ = snapshot[name]
             suppressed(subject[1], "online", VANISHED)
             # If an `offline` went out meanwhile (the marker stood) or this user was never
             # announced (Redis was down at connect), watchers must hear `online` to converge.
             if (had_marker or not held.confirmed) and not self.closed:
                 await self.publish(*subject, "online", held.channels())
-        for _, held, _ in snapshot.values():
+        for _, held, _, _ in snapshot.values():
             held.confirmed = True
 
     async def _reap(self) -> None:
-        decided = await self.store.reap()
-        for name, won in decided or ():
-            environment_id, user_id = split_member(name)
-            if not won:
-                suppressed(user_id, "offline", ANOTHER_PUBLISHED)
-                continue
-            try:
-                channels = await read_channel_ids(environment_id, user_id)
-            except Exception as error:
-                record_failure("reap:channels", error)
-                continue
-            await self.publish(environment_id, user_id, "offline", channels)
+        """Decide every due deadline, a REAP script at a time, until fewer than a batch were due."""
+        prefix = None if self.closed else channel_layer().group_channel_prefix(GROUP_PREFIX, self.store.url)
+        while not self.closed:
+            reaped = await self.store.reap(prefix)
+            if reaped is None:
+                return
+            for name, won, channels in reaped.decided:
+                environment_id, user_id = split_member(name)
+                if not won:
+                    suppressed(user_id, "offline", ANOTHER_PUBLISHED)
+                elif prefix is not None:
+                    _published(user_id, "offline", len(channels))
+                else:
+                    self._unpublished.append((environment_id, user_id, channels))
+            await self._publish_unpublished()
+            if reaped.due < REAP_BATCH:
+                return
+
+    async def _publish_unpublished(self) -> None:
+        """Publish the reaper's `offline`s through the layer (a separate presence Redis); a failed one is retried."""
+        pending, self._unpublished = self._unpublished, []
+        for index, (environment_id, user_id, channels) in enumerate(pending):
+            if not await self.publish(environment_id, user_id, "offline", channels):
+                self._unpublished.extend(pending[index:])
+                return
 
     # ── publishing ───────────────────────────────────────────────────────────
     async def publish(
@@ -366,8 +439,9 @@ class PresenceService:
         for handle in self.pending.values():
             handle.cancel()
         self.pending.clear()
-        if self._ticker is not None:
-            self._ticker.cancel()
+        for task in (self._ticker, self._reaper):
+            if task is not None:
+                task.cancel()
         for task in list(self._tasks):
             task.cancel()
 

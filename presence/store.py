@@ -7,6 +7,11 @@ Keys, all scoped by environment so the same user id in two tenants is two people
 - `presence:conns:{env}:{user}`    sorted set of live connection ids (score = expiry, Redis ms)
 - `presence:deadlines`             sorted set of `{env}:{user}` (score = when a silent holder is
                                    presumed dead: last refresh + TTL + grace), reaped by every instance
+- `presence:channels:{env}:{user}` hash beside the deadline: `c` the user's channel ids (comma-
+                                   separated) as their holders last wrote them, `e` the epoch then;
+                                   what the reaper's `offline` needs, with no database read
+- `presence:epoch`                 a random id written by the first instance that finds it missing:
+                                   a different or missing epoch means Redis lost its data meanwhile
 
 The scripts derive the per-user key names from the `{env}:{user}` member (the environment is a
 36-character UUID, so the first colon after it is unambiguous). They touch keys not declared in
@@ -20,6 +25,7 @@ at most for the one pipeline ahead of it) and a failure is logged once per call 
 
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -45,8 +51,9 @@ DEADLINES = "presence:deadlines"
 # Long enough to fail over to a dead peer, short enough that a dead store is noticed on the
 # call that hit it rather than after a queue of them (seed 004: "fail fast rather than queue").
 TIMEOUT_SECONDS = 0.5
-# How many due deadlines one reaper pass takes; the rest wait one refresh interval.
-REAP_BATCH = 500
+# How many due deadlines one REAP script takes: a pass runs scripts until fewer are due, and
+# one script of this size holds Redis for a few milliseconds.
+REAP_BATCH = 1000
 MAX_ERROR_LENGTH = 200
 
 
@@ -76,20 +83,44 @@ def connections_key(environment_id: str, user_id: str) -> str:
     return f"presence:conns:{member(environment_id, user_id)}"
 
 
+def channels_key(environment_id: str, user_id: str) -> str:
+    """The hash beside the deadline: the user's channel ids (`c`) and the epoch they were written in (`e`)."""
+    return f"presence:channels:{member(environment_id, user_id)}"
+
+
+def fresh_epoch() -> str:
+    """A new epoch id, written by the script that finds none."""
+    return uuid.uuid4().hex
+
+
 # Redis time in ms: every instance measures deadlines on the one clock they share.
 _NOW = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
 
-# KEYS: conns, key, marker, deadlines. ARGV: connection id, ttl, grace, max, member, environment id,
-# n, then n (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose
-# presence the connection's snapshot needs. The limit, the election, the winner's `online` and the
+EPOCH = "presence:epoch"
+
+# The epoch of the data Redis holds: written (from the caller's fresh id) when missing, so the
+# first script to find Redis emptied starts a new one. `epoch_key` and `fresh` are Lua expressions.
+_EPOCH = """
+local epoch = redis.call('GET', {epoch_key})
+if not epoch then
+  epoch = {fresh}
+  redis.call('SET', {epoch_key}, epoch)
+end
+"""
+
+# KEYS: conns, key, marker, deadlines, channels, epoch. ARGV: connection id, ttl, grace, max,
+# member, environment id, fresh epoch, the user's channel ids (comma-separated), n, then n
+# (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose presence
+# the connection's snapshot needs. The limit, the election, the winner's `online` and the
 # snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
 # user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
 # user's last `online` was never retracted: nothing to publish).
 ADMIT = (
     _NOW
+    + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
     + """
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -110,7 +141,7 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
     won = 1
     -- The winner clears "somebody already said they left" so the next departure elects again.
     redis.call('DEL', KEYS[3])
-    for i = 8, 7 + 2 * tonumber(ARGV[7]), 2 do
+    for i = 10, 9 + 2 * tonumber(ARGV[9]), 2 do
       redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
     end
   end
@@ -120,9 +151,10 @@ else
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
 redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
+redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
 local reply = {1, won}
 local prefix = 'presence:' .. ARGV[6] .. ':'
-for i = 8 + 2 * tonumber(ARGV[7]), #ARGV do
+for i = 10 + 2 * tonumber(ARGV[9]), #ARGV do
   if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
     table.insert(reply, ARGV[i])
   end
@@ -131,50 +163,62 @@ return reply
 """
 )
 
-# KEYS: conns, key. ARGV: connection id, grace, "1" when it was the user's last local connection.
-# Frees the slot; on the last local close re-pins the key to the grace (seed 004, R2a): without
-# it the key dies at last refresh + TTL, possibly before the grace ends, and a reconnect in that
-# gap wins the election and publishes a second `online` for a user who never left.
+# KEYS: conns, key, epoch. ARGV: connection id, grace, "1" when it was the user's last local
+# connection, fresh epoch. Frees the slot; on the last local close re-pins the key to the grace
+# (seed 004, R2a): without it the key dies at last refresh + TTL, possibly before the grace
+# ends, and a reconnect in that gap wins the election and publishes a second `online` for a user
+# who never left. Returns the epoch, which the grace check compares with its own.
 RELEASE = (
     _NOW
+    + _EPOCH.format(epoch_key="KEYS[3]", fresh="ARGV[4]")
     + """
 redis.call('ZREM', KEYS[1], ARGV[1])
 if ARGV[3] ~= '1' then
-  return 0
+  return epoch
 end
 local grace = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) == 0 then
   -- XX: a key that already expired stays gone.
   redis.call('SET', KEYS[2], '1', 'PX', grace, 'XX')
-  return 1
+  return epoch
 end
 -- Another instance still holds a connection and refreshes the key: extend, never shorten,
 -- so a short grace cannot expire the key between two of its refreshes.
 if redis.call('PTTL', KEYS[2]) < grace then
   redis.call('PEXPIRE', KEYS[2], grace)
 end
-return 2
+return epoch
 """
 )
 
-# KEYS: key, marker, deadlines. ARGV: marker ttl, member, then (channel, payload) pairs to PUBLISH
-# if this caller wins. 0 = still online, 1 = won the right to publish `offline`, 2 = another
-# instance (or the reaper) already did. The winner takes the user's deadline: a deadline only
-# stands while the last word said of the user is `online` (ADMIT relies on it).
-GRACE_CHECK = """
+# KEYS: key, marker, deadlines, channels, epoch. ARGV: marker ttl, member, the epoch the close
+# saw, fresh epoch, then (channel, payload) pairs to PUBLISH if this caller wins.
+# Returns {0} = still online, {1} = won the right to publish `offline`, {2} = another instance
+# (or the reaper) already did, {3, epoch} = Redis lost its data since the close (the epoch
+# differs): decide nothing now, since the live holders re-elect the key at their next refresh.
+# The winner takes the user's deadline: a deadline only stands while the last word said of the
+# user is `online` (ADMIT relies on it).
+GRACE_CHECK = (
+    _EPOCH.format(epoch_key="KEYS[5]", fresh="ARGV[4]")
+    + """
+if epoch ~= ARGV[3] then
+  return {3, epoch}
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
+  return {0}
 end
 if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
   redis.call('ZREM', KEYS[3], ARGV[2])
-  for i = 3, #ARGV, 2 do
+  redis.call('DEL', KEYS[4])
+  for i = 5, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
-  return 1
+  return {1}
 end
-return 2
+return {2}
 """
+)
 
 # KEYS: key. ARGV: (channel, payload) pairs to PUBLISH if the user is online. The check and the
 # publish in one script: an `offline` decided by a grace check (also a script) falls wholly
@@ -189,19 +233,24 @@ end
 return 1
 """
 
-# KEYS: deadlines. ARGV: ttl, grace, then per held user: member, n, n connection ids.
-# One round trip per instance per interval. Returns {member, had_marker, ...} for every key
-# found missing under a live connection (a Redis restart or eviction), which is re-elected.
+# KEYS: deadlines, epoch. ARGV: ttl, grace, fresh epoch, then per held user: member, "=" and the
+# user's channel ids (comma-separated) when they changed since this instance last wrote them or
+# "" when not, n, n connection ids. One round trip per instance per interval. Returns
+# {{member, had_marker, ...}, {member, ...}}: the keys found missing under a live connection
+# (a Redis restart or eviction), which are re-elected, and the users whose channels are missing
+# from Redis (the caller sends them next time).
 REFRESH = (
     _NOW
+    + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[3]")
     + """
 local ttl = tonumber(ARGV[1])
 local grace = tonumber(ARGV[2])
 local vanished = {}
-local i = 3
+local unwritten = {}
+local i = 4
 while i <= #ARGV do
   local name = ARGV[i]
-  local count = tonumber(ARGV[i + 1])
+  local count = tonumber(ARGV[i + 2])
   local key = 'presence:' .. name
   if not redis.call('SET', key, '1', 'PX', ttl, 'XX') then
     redis.call('SET', key, '1', 'PX', ttl)
@@ -212,38 +261,76 @@ while i <= #ARGV do
   end
   local conns = 'presence:conns:' .. name
   for j = 1, count do
-    redis.call('ZADD', conns, now + ttl, ARGV[i + 1 + j])
+    redis.call('ZADD', conns, now + ttl, ARGV[i + 2 + j])
   end
   redis.call('PEXPIRE', conns, ttl)
   redis.call('ZADD', KEYS[1], now + ttl + grace, name)
-  i = i + 2 + count
+  local channels = 'presence:channels:' .. name
+  if ARGV[i + 1] ~= '' then
+    redis.call('HSET', channels, 'c', string.sub(ARGV[i + 1], 2), 'e', epoch)
+  elseif redis.call('EXISTS', channels) == 0 then
+    table.insert(unwritten, name)
+  end
+  i = i + 3 + count
 end
-return vanished
+return {vanished, unwritten}
 """
 )
 
-# KEYS: deadlines. ARGV: marker ttl, grace, batch. Takes due deadlines (their holder stopped
-# refreshing: a dead instance) and elects one publisher of `offline` per user through the same
-# marker as the grace check, so a reaper and a grace check never both publish.
-# Returns {member, won, ...}.
+# KEYS: deadlines, epoch. ARGV: marker ttl, grace, batch, refresh, fresh epoch, a uuid4 the
+# transition ids are made from, the Redis channel prefix of the presence groups ("" when the
+# groups live on another Redis). Takes due deadlines (their holder stopped refreshing: a dead
+# instance) and elects one publisher of `offline` per user through the same marker as the grace
+# check, so a reaper and a grace check never both publish; with a prefix, the winner's `offline`
+# is PUBLISHed here, to the channels kept beside the deadline, so no `online` of a reconnect can
+# fall between the decision and the publish. A deadline written in another epoch than Redis's
+# waits one refresh interval (the live holders re-elect first). The message is the channel
+# layer's own encoding (msgpack) of `presence.fabric.transition_message`.
+# Returns {due, member, won, channel ids (comma-separated), ...}.
 REAP = (
     _NOW
+    + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[5]")
     + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local decided = {}
+local prefix = ARGV[7]
+local base = string.sub(ARGV[6], 1, 28)
+local made = 0
+local decided = {#due}
 for _, name in ipairs(due) do
   local pttl = redis.call('PTTL', 'presence:' .. name)
-  if pttl == -2 then
+  local info = 'presence:channels:' .. name
+  local written = redis.call('HGET', info, 'e')
+  if pttl ~= -2 then
+    -- Still held (or pinned by a close): look again once it could have expired.
+    redis.call('ZADD', KEYS[1], now + math.max(pttl, 0) + tonumber(ARGV[2]), name)
+  elseif written and written ~= epoch then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), name)
+    redis.call('HSET', info, 'e', epoch)
+  else
+    local csv = redis.call('HGET', info, 'c') or ''
     redis.call('ZREM', KEYS[1], name)
+    redis.call('DEL', info)
     local won = 0
     if redis.call('SET', 'presence:offline:' .. name, '1', 'PX', ARGV[1], 'NX') then
       won = 1
+      if prefix ~= '' then
+        local channels = {}
+        for channel in string.gmatch(csv, '[^,]+') do
+          table.insert(channels, channel)
+        end
+        made = made + 1
+        local transition = base .. string.format('%08x', made)
+        local user = string.sub(name, 38)
+        for _, channel in ipairs(channels) do
+          redis.call('PUBLISH', prefix .. channel, cmsgpack.pack({
+            type = 'presence.transition', user = user, state = 'offline', transition = transition,
+            channel = channel, copies = #channels}))
+        end
+      end
     end
     table.insert(decided, name)
     table.insert(decided, won)
-  else
-    -- Still held (or pinned by a close): look again once it could have expired.
-    redis.call('ZADD', KEYS[1], now + math.max(pttl, 0) + tonumber(ARGV[2]), name)
+    table.insert(decided, csv)
   end
 end
 return decided
@@ -272,6 +359,15 @@ class Election:
     # The key was gone but the user's last `online` was never retracted (their instance died):
     # this connection took the key over and has nothing to publish.
     unretracted: bool = False
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """One REAP script's answer: how many deadlines were due, and the users it decided."""
+
+    due: int
+    # (member, won the offline election, the channel ids kept beside the deadline)
+    decided: list[tuple[str, bool, list[str]]]
 
 
 @dataclass(frozen=True)
@@ -375,11 +471,13 @@ class PresenceStore:
         connection_id: str,
         watch: Sequence[str] = (),
         publish: Sequence[tuple[str, bytes]] = (),
+        channels: Iterable[str] = (),
     ) -> Election | None:
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
         `online` is read after this connection's own election, so it includes the user when admitted.
         Each (channel, payload) of `publish` is PUBLISHed by Redis if, and only if, this connection wins.
+        `channels` (the user's channel ids) are kept beside the deadline for the reaper.
         """
         t = self.timings
         keys = [
@@ -387,8 +485,12 @@ class PresenceStore:
             presence_key(environment_id, user_id),
             marker_key(environment_id, user_id),
             DEADLINES,
+            channels_key(environment_id, user_id),
+            EPOCH,
         ]
-        args = [connection_id, t.ttl, t.grace, t.max_connections, member(environment_id, user_id), environment_id]
+        name = member(environment_id, user_id)
+        args = [connection_id, t.ttl, t.grace, t.max_connections, name, environment_id, fresh_epoch()]
+        args.append(",".join(channels))
         args += [len(publish), *(part for pair in publish for part in pair), *watch]
         reply = await self.call("admit", lambda: self._script(self._admit, keys, args))
         if reply is None:
@@ -400,40 +502,75 @@ class PresenceStore:
             unretracted=reply[1] == 2,
         )
 
-    async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> bool:
-        """Free the connection's slot and, on the last local close, re-pin the key to the grace."""
-        keys = [connections_key(environment_id, user_id), presence_key(environment_id, user_id)]
-        args = [connection_id, self.timings.grace, "1" if last_local else "0"]
-        return await self.call("release", lambda: self._script(self._release, keys, args)) is not None
+    async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> str | None:
+        """Free the connection's slot and, on the last local close, re-pin the key to the grace.
+
+        Returns the epoch Redis was in (for the grace check), or None when it did not answer.
+        """
+        keys = [connections_key(environment_id, user_id), presence_key(environment_id, user_id), EPOCH]
+        args = [connection_id, self.timings.grace, "1" if last_local else "0", fresh_epoch()]
+        reply = await self.call("release", lambda: self._script(self._release, keys, args))
+        return None if reply is None else _text(reply)
 
     async def grace_check(
-        self, environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]] = ()
-    ) -> int | None:
-        """0 = still online somewhere, 1 = this caller publishes `offline`, 2 = someone else did.
+        self, environment_id: str, user_id: str, epoch: str | None, publish: Sequence[tuple[str, bytes]] = ()
+    ) -> tuple[int, str | None] | None:
+        """(0, _) = still online somewhere, (1, _) = this caller publishes `offline`, (2, _) = someone
+        else did, (3, epoch now) = Redis lost its data since the close, which saw `epoch`: ask again
+        after a refresh interval, in the new epoch. None when Redis did not answer.
 
         Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip.
         """
-        keys = [presence_key(environment_id, user_id), marker_key(environment_id, user_id), DEADLINES]
-        args = [self.timings.marker_ttl, member(environment_id, user_id), *(part for pair in publish for part in pair)]
-        return await self.call("grace_check", lambda: self._script(self._grace_check, keys, args))
-
-    async def refresh(self, held: Iterable[tuple[str, Sequence[str]]]) -> list[tuple[str, bool]] | None:
-        """Refresh every held `{env}:{user}` and its connections; return the re-elected ones."""
-        args: list = [self.timings.ttl, self.timings.grace]
-        for name, connection_ids in held:
-            args += [name, len(connection_ids), *connection_ids]
-        reply = await self.call("refresh", lambda: self._refresh(keys=[DEADLINES], args=args))
+        keys = [
+            presence_key(environment_id, user_id),
+            marker_key(environment_id, user_id),
+            DEADLINES,
+            channels_key(environment_id, user_id),
+            EPOCH,
+        ]
+        args = [self.timings.marker_ttl, member(environment_id, user_id), epoch or "", fresh_epoch()]
+        args += [part for pair in publish for part in pair]
+        reply = await self.call("grace_check", lambda: self._script(self._grace_check, keys, args))
         if reply is None:
             return None
-        return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+        return int(reply[0]), (_text(reply[1]) if len(reply) > 1 else epoch)
 
-    async def reap(self) -> list[tuple[str, bool]] | None:
-        """Take due deadlines of users nobody refreshes: (member, won the offline election)."""
+    async def refresh(
+        self, held: Iterable[tuple[str, Iterable[str] | None, Sequence[str]]]
+    ) -> tuple[list[tuple[str, bool]], list[str]] | None:
+        """Refresh every held (`{env}:{user}`, channel ids to write or None, connection ids).
+
+        Returns the re-elected users (with whether an `offline` marker stood) and the users whose
+        channels Redis no longer has; None when Redis did not answer.
+        """
+        args: list = [self.timings.ttl, self.timings.grace, fresh_epoch()]
+        for name, channels, connection_ids in held:
+            args += [name, "" if channels is None else "=" + ",".join(channels), len(connection_ids), *connection_ids]
+        reply = await self.call("refresh", lambda: self._refresh(keys=[DEADLINES, EPOCH], args=args))
+        if reply is None:
+            return None
+        vanished, unwritten = reply
+        return (
+            [(_text(vanished[i]), bool(vanished[i + 1])) for i in range(0, len(vanished), 2)],
+            [_text(name) for name in unwritten],
+        )
+
+    async def reap(self, publish_prefix: str | None = None) -> Reaped | None:
+        """Take up to REAP_BATCH due deadlines of users nobody refreshes, and decide each.
+
+        With `publish_prefix` (the Redis channel prefix of the presence groups, on this Redis),
+        each winner's `offline` is PUBLISHed inside the script; without it the caller publishes.
+        """
         t = self.timings
-        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES], args=[t.marker_ttl, t.grace, REAP_BATCH]))
+        args = [t.marker_ttl, t.grace, REAP_BATCH, t.refresh, fresh_epoch(), str(uuid.uuid4()), publish_prefix or ""]
+        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH], args=args))
         if reply is None:
             return None
-        return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+        decided = [
+            (_text(reply[i]), bool(reply[i + 1]), [c for c in _text(reply[i + 2]).split(",") if c])
+            for i in range(1, len(reply), 3)
+        ]
+        return Reaped(due=int(reply[0]), decided=decided)
 
     async def online(self, environment_id: str, user_ids: Sequence[str]) -> list[str] | None:
         """Return which of the environment's `user_ids` are online now, in one MGET."""

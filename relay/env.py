@@ -89,3 +89,22 @@ def check_secret_key(name: str, value: str | None, *, development_default: str, 
             f"characters, {MIN_SECRET_KEY_CHARACTERS} of them different; got {len(value)} characters"
         )
     return value
+
+
+def env_hosts(name: str) -> list[tuple[str, int]]:
+    """Return a comma-separated list of `host:port` (empty when unset)."""
+    hosts = []
+    for item in env_list(name, []):
+        host, colon, port = item.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ImproperlyConfigured(f"{name} must be comma-separated host:port pairs; got {item!r}")
+        hosts.append((host, int(port)))
+    return hosts
+
+
+def env_name(name: str, default: str) -> str:
+    """Return the variable as one word: letters, digits and `-_.` only."""
+    raw = os.environ.get(name, "").strip() or default
+    if not all(char.isalnum() or char in "-_." for char in raw):
+        raise ImproperlyConfigured(f"{name} must be letters, digits, '-', '_' or '.'; got {raw!r}")
+    return raw

@@ -9,7 +9,18 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from relay.env import check_redis_url, check_secret_key, env_bool, env_choice, env_int, env_list, env_str
+from relay.env import (
+    check_redis_url,
+    check_secret_key,
+    env_bool,
+    env_choice,
+    env_hosts,
+    env_int,
+    env_list,
+    env_name,
+    env_str,
+)
+from relay.redis_clients import layer_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -125,16 +136,24 @@ RELAY_PRESENCE_REDIS_URL = check_redis_url(
 )
 
 
+# Redis Sentinel: when set, the sentinels name the master that RELAY_REDIS_URL's host stood for
+# (its database, user and password still apply), for the layer and for presence unless
+# RELAY_PRESENCE_REDIS_URL names another Redis.
+RELAY_REDIS_SENTINELS = env_hosts("RELAY_REDIS_SENTINELS")
+RELAY_REDIS_SENTINEL_MASTER = env_name("RELAY_REDIS_SENTINEL_MASTER", "mymaster")
+
+
 def channel_layers_for(url: str) -> dict:
-    """Return the CHANNEL_LAYERS setting for a Redis at `url`.
+    """Return the CHANNEL_LAYERS setting for a Redis at `url` (through the sentinels, when set).
 
     One PUBLISH per group send and one subscription per group per process: each instance
     fans out to its local sockets, the shape of seed 004's fabric (relay/layer.py).
     """
+    host = layer_host(url, RELAY_REDIS_SENTINELS, RELAY_REDIS_SENTINEL_MASTER)
     return {
         "default": {
             "BACKEND": "relay.transport.pubsub.RelayPubSubChannelLayer",
-            "CONFIG": {"hosts": [url], "prefix": "relay"},
+            "CONFIG": {"hosts": [host], "prefix": "relay"},
         }
     }
 

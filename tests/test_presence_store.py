@@ -13,6 +13,7 @@ from presence import fabric
 from presence.fabric import Dedup, Transition, parse_transition, subject_of, transition_message
 from presence.store import (
     DEADLINES,
+    EPOCH,
     PresenceStore,
     Timings,
     connections_key,
@@ -32,6 +33,13 @@ async def admit(store: PresenceStore, environment_id: str, user_id: str, connect
     """One connection's election, as (admitted, won); None when Redis did not answer."""
     election = await store.elect(environment_id, user_id, connection)
     return None if election is None else (election.admitted, election.won)
+
+
+async def check(store: PresenceStore, environment_id: str, user_id: str, publish=()) -> int | None:
+    """One grace check in the epoch Redis is in now (as a close just before it saw); its outcome."""
+    epoch = await store.client.get(EPOCH)
+    reply = await store.grace_check(environment_id, user_id, epoch and epoch.decode(), publish)
+    return None if reply is None else reply[0]
 
 
 @pytest.fixture
@@ -126,10 +134,10 @@ async def test_a_reconnect_onto_a_re_pinned_key_is_silent_and_restores_the_ttl(s
 async def test_the_grace_check_elects_exactly_one_publisher_of_offline(stores, redis_client):
     one, two = stores
     await admit(one, ACME, "linh", "c1")
-    assert await one.grace_check(ACME, "linh") == 0  # still online
+    assert await check(one, ACME, "linh") == 0  # still online
     redis_client.delete(presence_key(ACME, "linh"))
-    assert await one.grace_check(ACME, "linh") == 1
-    assert await two.grace_check(ACME, "linh") == 2
+    assert await check(one, ACME, "linh") == 1
+    assert await check(two, ACME, "linh") == 2
     # The next online clears the marker, so the next departure elects again.
     assert await admit(two, ACME, "linh", "c2") == (True, True)
     assert not redis_client.exists(marker_key(ACME, "linh"))
@@ -168,11 +176,11 @@ async def test_the_grace_check_publishes_what_it_is_given_only_when_it_is_won(st
     one, two = stores
     offline = [("fleet", b"linh offline")]
     await admit(one, ACME, "linh", "c1")
-    assert await one.grace_check(ACME, "linh", offline) == 0
+    assert await check(one, ACME, "linh", offline) == 0
     assert await _heard(listener) == []
     redis_client.delete(presence_key(ACME, "linh"))
-    assert await one.grace_check(ACME, "linh", offline) == 1
-    assert await two.grace_check(ACME, "linh", offline) == 2
+    assert await check(one, ACME, "linh", offline) == 1
+    assert await check(two, ACME, "linh", offline) == 2
     assert await _heard(listener) == offline
 
 
@@ -183,13 +191,13 @@ async def test_the_refresh_extends_keys_and_reports_a_vanished_one_once(stores, 
     await admit(two, ACME, "tuan", "c3")
     redis_client.delete(presence_key(ACME, "linh"), connections_key(ACME, "linh"))
     redis_client.set(marker_key(ACME, "linh"), "1")
-    vanished = await one.refresh([(member(ACME, "linh"), ["c1"]), (member(ACME, "tuan"), ["c2"])])
+    vanished, _ = await one.refresh([(member(ACME, "linh"), None, ["c1"]), (member(ACME, "tuan"), None, ["c2"])])
     assert vanished == [(member(ACME, "linh"), True)]
     assert redis_client.exists(presence_key(ACME, "linh"))
     assert not redis_client.exists(marker_key(ACME, "linh"))
     assert redis_client.zrange(connections_key(ACME, "linh"), 0, -1) == ["c1"]
     # The second instance re-asking finds the key back: one re-election, not two.
-    assert await two.refresh([(member(ACME, "linh"), ["c9"]), (member(ACME, "tuan"), ["c3"])]) == []
+    assert (await two.refresh([(member(ACME, "linh"), None, ["c9"]), (member(ACME, "tuan"), None, ["c3"])]))[0] == []
 
 
 async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, redis_client):
@@ -199,8 +207,8 @@ async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, re
     # linh's instance died: the key is gone and the deadline is due. tuan is still held.
     redis_client.delete(presence_key(ACME, "linh"))
     redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0, member(ACME, "tuan"): 0})
-    assert await one.reap() == [(member(ACME, "linh"), True)]
-    assert await two.reap() == []
+    assert (await one.reap()).decided == [(member(ACME, "linh"), True, [])]
+    assert (await two.reap()).decided == []
     assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
     # tuan's key lives, so his deadline is pushed past it rather than taken.
     assert redis_client.zscore(DEADLINES, member(ACME, "tuan")) > 0
@@ -210,9 +218,9 @@ async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(store
     one, two = stores
     await admit(one, ACME, "linh", "c1")
     redis_client.delete(presence_key(ACME, "linh"))
-    assert await one.grace_check(ACME, "linh") == 1
+    assert await check(one, ACME, "linh") == 1
     redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
-    assert await two.reap() == [(member(ACME, "linh"), False)]
+    assert (await two.reap()).decided == [(member(ACME, "linh"), False, [])]
 
 
 async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_without_a_second_online(stores, redis_client):
@@ -225,11 +233,11 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
     assert redis_client.exists(presence_key(ACME, "linh"))
     # She is held again, so the reaper finds her key and leaves her deadline for later.
     redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
-    assert await one.reap() == []
+    assert (await one.reap()).decided == []
     # Once her departure was said, the next first connection is a new `online` again.
     await two.release(ACME, "linh", "c2", last_local=True)
     redis_client.delete(presence_key(ACME, "linh"))
-    assert await two.grace_check(ACME, "linh") == 1
+    assert await check(two, ACME, "linh") == 1
     assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
     # ... even after the marker of that `offline` expired with no reaper pass in between.
     redis_client.delete(marker_key(ACME, "linh"))

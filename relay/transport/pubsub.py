@@ -36,15 +36,20 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
+import redis
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer, RedisSingleShardConnection
 from channels_redis.utils import _wrap_close
 
+from relay.logging import log_event
+from relay.redis_clients import is_layer_redis
 from relay.transport.hiredis import pack_with_hiredis
 
 # Where a cross-process send carries its target's full name inside the published message.
 TARGET_KEY = "__relay_channel__"
 # How long a new subscription waits for Redis to confirm it (a round trip: well under 1 ms here).
 CONFIRM_SECONDS = 1.0
+# How soon a lost pub/sub connection is tried again.
+RECONNECT_SECONDS = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +62,8 @@ class _Shard(RedisSingleShardConnection):
         self._confirming: dict[str, asyncio.Future] = {}
         # Wakes the receiver as soon as there is a first subscription to read.
         self._subscribed = asyncio.Event()
+        # The pub/sub connection was lost and not yet read from again.
+        self._reconnecting = False
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -140,9 +147,23 @@ class _Shard(RedisSingleShardConnection):
                         await asyncio.wait_for(self._subscribed.wait(), 0.1)
             except (asyncio.CancelledError, TimeoutError, GeneratorExit):
                 raise
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
+                # Redis restarted or failed over: the next read reconnects (through the sentinels,
+                # when configured) and redis-py subscribes again to every channel. Soon, since what
+                # is published before that is not heard here; logged once per outage.
+                if not self._reconnecting:
+                    self._reconnecting = True
+                    log_event(
+                        logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
+                    )
+                await asyncio.sleep(RECONNECT_SECONDS)
+                continue
             except Exception:
                 logger.exception("Unexpected exception in receive task")
                 await asyncio.sleep(1)
+            if self._reconnecting:
+                self._reconnecting = False
+                log_event(logger, "layer.reconnected")
 
     def _confirm(self, channel: bytes | str) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel
@@ -331,10 +352,20 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         prepared = []
         for group, message in sends:
             name = self._get_group_channel_name(group)
-            if self._get_shard(name).host.get("address") != redis_url:
+            if not is_layer_redis(self._get_shard(name).host, redis_url):
                 return None
             prepared.append((name, self.channel_layer.serialize(message)))
         return prepared
+
+    def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
+        """The Redis channel name of every group named `prefix`..., minus the rest of the group's name.
+
+        None unless the layer has one shard and it is the Redis at `redis_url`: a script there can
+        then PUBLISH to any such group by name.
+        """
+        if len(self._shards) != 1 or not is_layer_redis(self._shards[0].host, redis_url):
+            return None
+        return self._get_group_channel_name(prefix)
 
     async def flush(self) -> None:
         """Forget everything, the inbox subscription included."""
@@ -375,6 +406,10 @@ class RelayPubSubChannelLayer(RedisPubSubChannelLayer):
     def publications(self, sends: Sequence[tuple[str, dict]], redis_url: str) -> list[tuple[str, bytes]] | None:
         """(Redis channel, serialized message) per (group, message); None unless they live on `redis_url`."""
         return self._get_layer().publications(sends, redis_url)
+
+    def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
+        """The Redis channel prefix of the groups named `prefix`..., when they all live on `redis_url`."""
+        return self._get_layer().group_channel_prefix(prefix, redis_url)
 
     async def route_group(self, group: str, callback: Callable[[dict], None]) -> None:
         """Hand every message of `group` to `callback` as it is read (see the loop layer)."""

@@ -80,6 +80,7 @@ class Watcher:
         self.ws: Any = None
         self.seen: dict[tuple[str, str], float] = {}
         self.frames = 0
+        self.bytes = 0
         self.last = 0.0
         self.acked = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -119,6 +120,7 @@ class Watcher:
                 kind = frame["type"]
                 if kind == "presence.changed":
                     self.frames += 1
+                    self.bytes += len(raw)
                     self.last = now
                     payload = frame["payload"]
                     self.seen.setdefault((payload["user"], payload["state"]), now)
@@ -126,6 +128,7 @@ class Watcher:
                         (self.view.add if payload["state"] == "online" else self.view.discard)(payload["user"])
                 elif kind == "presence":
                     self.frames += 1
+                    self.bytes += len(raw)
                     self.last = now
                     self._members(frame["payload"], now)
                 elif kind == "presence.snapshot":
@@ -274,6 +277,7 @@ async def churn(job: dict) -> None:
     """Connect/disconnect pairs at `rate`/s; online latency and presence frames delivered per second."""
     all_watchers, watchers_by_user = await _open_watchers(job)
     frames_before = sum(w.frames for w in all_watchers)
+    bytes_before = sum(w.bytes for w in all_watchers)
     opened: dict[str, float] = {}
     # The measured window starts now: the harness reads every process's CPU from here.
     emit("started")
@@ -286,6 +290,7 @@ async def churn(job: dict) -> None:
     elapsed = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     frames = sum(w.frames for w in all_watchers) - frames_before
+    received = sum(w.bytes for w in all_watchers) - bytes_before
     emit("ended")
     await _ended(cycles)
     values, missing = _latencies(watchers_by_user, opened, "online")
@@ -300,6 +305,9 @@ async def churn(job: dict) -> None:
         missing_online=missing,
         missing_offline=offline_missing,
         frames=frames,
+        # Each subject's `online` and `offline`, to every watcher of its channel.
+        watcher_transitions=sum(2 * len(watchers_by_user[s["user"]]) for s in job["subjects"]),
+        bytes_per_frame=round(received / frames, 1) if frames else 0.0,
         frames_per_s=round(frames / elapsed, 1) if elapsed else 0.0,
         seconds=round(elapsed, 2),
         cpu_seconds=round(cpu_seconds, 3),

@@ -4,7 +4,8 @@
 connect, accepts, calls `Room.objects.add` for each of its rooms and acknowledges; on
 disconnect, `Room.objects.remove`; every frame it receives touches its presence rows
 (`touch_presence`: clients send `"heartbeat"`). The `presence_changed` receiver broadcasts
-the room's users to the room, as the documentation's example does. Stale rows (an instance
+the room's users to the room, as the documentation's example does (bench/peers/receivers.py,
+connected by the app's ready() in every process, the prune job's too). Stale rows (an instance
 that died) are removed by the prune job (bench/peers/prune.py, the package's periodic task).
 
 The user is looked up by name in the database, as AuthMiddlewareStack's session lookup would;
@@ -20,15 +21,11 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.peers.settings")
 django_asgi_app = get_asgi_application()
 
-from asgiref.sync import async_to_sync  # noqa: E402
 from channels.generic.websocket import WebsocketConsumer  # noqa: E402
-from channels.layers import get_channel_layer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels_presence.decorators import touch_presence  # noqa: E402
 from channels_presence.models import Room  # noqa: E402
-from channels_presence.signals import presence_changed  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
-from django.dispatch import receiver  # noqa: E402
 from django.urls import path  # noqa: E402
 
 
@@ -56,18 +53,6 @@ class PeerConsumer(WebsocketConsumer):
 
     def presence_members(self, event: dict) -> None:
         self.send(text_data=event["text"])
-
-
-@receiver(presence_changed)
-def broadcast_presence(sender: type, room: Room, **kwargs: object) -> None:
-    """The room's users to the room, on every change (the documentation's receiver)."""
-    payload = {
-        "channel_name": room.channel_name,
-        "members": [user.username for user in room.get_users()],
-        "lurkers": int(room.get_anonymous_count()),
-    }
-    text = json.dumps({"type": "presence", "payload": payload})
-    async_to_sync(get_channel_layer().group_send)(room.channel_name, {"type": "presence.members", "text": text})
 
 
 application = ProtocolTypeRouter(

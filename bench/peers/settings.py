@@ -9,5 +9,5 @@ import os
 from relay.settings import *  # noqa: F403
 from relay.settings import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "channels_presence"]
+INSTALLED_APPS = [*INSTALLED_APPS, "channels_presence", "bench.peers.apps.PeersConfig"]
 CHANNELS_PRESENCE_MAX_AGE = float(os.environ.get("BENCH_PEER_MAX_AGE_S", "60"))

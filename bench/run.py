@@ -68,11 +68,11 @@ class Sizes:
 FULL_CHURN_RATES = (*range(100, 501, 50), 600, 800, 1000)
 FULL = Sizes(
     10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 5, 1000, 300, 1000, 40, None,
-    (25, 50, 75, 100, 150, 200, 300), 2000, 10.0, 10_000, 500, 50.0,
+    (10, 25, 50, 75, 100, 150, 200), 2000, 10.0, 10_000, 500, 50.0,
 )  # fmt: skip
 QUICK = Sizes(
     1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300, 100, 200, 12, None,
-    (50, 100, 200), 500, 5.0, 2000, 150, 50.0,
+    (10, 25, 50, 100), 500, 5.0, 2000, 150, 50.0,
 )  # fmt: skip
 # CI's smoke run: every phase and every key, in seconds; the numbers mean nothing at this size.
 # Its slow reader passes the smallest bound allowed, so that its close is run too.

@@ -61,22 +61,36 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[rank]
 
 
-async def _wait_line() -> None:
+async def _wait_line() -> str:
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, sys.stdin.readline)
+    return await loop.run_in_executor(None, sys.stdin.readline)
 
 
 class Watcher:
-    """A connection that records when each `presence.changed` arrives, by (user, state)."""
+    """A connection that records when each presence transition arrives, by (user, state).
 
-    def __init__(self, url: str) -> None:
+    Relay's frames (`presence.snapshot`, `presence.changed`) and the peer's (`presence`: the
+    room's whole member list, bench/peers/asgi.py) alike: a peer frame that adds or drops a
+    user counts as that user's transition. `view` is who the client believes online (Relay:
+    the snapshot and every change since); `full_at`, when it last became `expect` users.
+    """
+
+    def __init__(self, url: str, heartbeat: float = 0.0, expect: int = 0) -> None:
         self.url = url
         self.ws: Any = None
         self.seen: dict[tuple[str, str], float] = {}
         self.frames = 0
+        self.bytes = 0
         self.last = 0.0
         self.acked = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.heartbeat = heartbeat
+        self.expect = expect
+        self.view: set[str] = set()
+        self.full_at = 0.0
+        self.snapshot_bytes = 0
+        self.rooms: dict[str, set[str]] = {}
+        self.beating: asyncio.Task | None = None
 
     async def start(self) -> None:
         # proxy=None on every connect here: the clients talk straight to the servers under test,
@@ -86,6 +100,17 @@ class Watcher:
         self.ws = await websockets.connect(self.url, open_timeout=60, ping_interval=None, max_queue=None, proxy=None)
         self.task = asyncio.create_task(self._read())
         await asyncio.wait_for(self.acked.wait(), 60)
+        if self.heartbeat:
+            self.beating = asyncio.create_task(self._beat())
+
+    async def _beat(self) -> None:
+        """The peer's keep-alive: every frame a client sends touches its presence rows."""
+        try:
+            while True:
+                await asyncio.sleep(self.heartbeat)
+                await self.ws.send('"heartbeat"')
+        except websockets.ConnectionClosed:
+            pass
 
     async def _read(self) -> None:
         try:
@@ -93,40 +118,72 @@ class Watcher:
                 now = time.perf_counter()
                 frame = orjson.loads(raw)
                 kind = frame["type"]
-                if kind == "connection.ack":
-                    self.acked.set()
-                elif kind == "presence.changed":
+                if kind == "presence.changed":
                     self.frames += 1
+                    self.bytes += len(raw)
                     self.last = now
                     payload = frame["payload"]
                     self.seen.setdefault((payload["user"], payload["state"]), now)
+                    if self.expect:
+                        (self.view.add if payload["state"] == "online" else self.view.discard)(payload["user"])
+                elif kind == "presence":
+                    self.frames += 1
+                    self.bytes += len(raw)
+                    self.last = now
+                    self._members(frame["payload"], now)
+                elif kind == "presence.snapshot":
+                    self.snapshot_bytes = max(self.snapshot_bytes, len(raw))
+                    if self.expect:
+                        self.view = set(frame["payload"]["online"])
+                elif kind == "connection.ack":
+                    self.acked.set()
+                if self.expect:
+                    if len(self.view) != self.expect:
+                        self.full_at = 0.0
+                    elif not self.full_at:
+                        self.full_at = now
         except websockets.ConnectionClosed:
             pass
+
+    def _members(self, payload: dict, now: float) -> None:
+        members = set(payload["members"])
+        before = self.rooms.get(payload["channel_name"], set())
+        for user in members - before:
+            self.seen.setdefault((user, "online"), now)
+        for user in before - members:
+            self.seen.setdefault((user, "offline"), now)
+        self.rooms[payload["channel_name"]] = members
 
     async def close(self) -> None:
         await self.ws.close()
 
 
-async def _open_many(urls: list[str], concurrency: int) -> list[Watcher]:
-    watchers = [Watcher(url) for url in urls]
-    semaphore = asyncio.Semaphore(concurrency)
+async def _open_many(
+    urls: list[str], concurrency: int, heartbeat: float = 0.0, rate: float = 0.0, expect: int = 0
+) -> list[Watcher]:
+    """Open these connections, `concurrency` at a time or, with `rate`, started at that rate per second."""
+    watchers = [Watcher(url, heartbeat, expect) for url in urls]
+    semaphore = asyncio.Semaphore(concurrency if not rate else len(urls) or 1)
+    started = time.perf_counter()
     done = 0
 
-    async def one(watcher: Watcher) -> None:
+    async def one(index: int, watcher: Watcher) -> None:
         nonlocal done
+        if rate:
+            await asyncio.sleep(max(0.0, started + index / rate - time.perf_counter()))
         async with semaphore:
             await watcher.start()
         done += 1
         if done % 1000 == 0:
             progress(f"{done}/{len(watchers)} connections acknowledged")
 
-    await asyncio.gather(*(one(watcher) for watcher in watchers))
+    await asyncio.gather(*(one(index, watcher) for index, watcher in enumerate(watchers)))
     return watchers
 
 
 async def idle(job: dict) -> None:
     started = time.perf_counter()
-    watchers = await _open_many(job["urls"], job.get("concurrency", 200))
+    watchers = await _open_many(job["urls"], job.get("concurrency", 200), rate=job.get("rate", 0.0))
     emit("ready", connections=len(watchers), seconds=round(time.perf_counter() - started, 2))
     await _wait_line()
     await asyncio.gather(*(watcher.close() for watcher in watchers), return_exceptions=True)
@@ -185,7 +242,9 @@ def _latencies(watchers_by_user: dict[str, list[Watcher]], opened: dict, state: 
 
 async def _open_watchers(job: dict) -> tuple[list[Watcher], dict[str, list[Watcher]]]:
     """Open the job's watchers; return them and, for each subject, the watchers that share its channel."""
-    all_watchers = await _open_many([w["url"] for w in job["watchers"]], job.get("concurrency", 200))
+    all_watchers = await _open_many(
+        [w["url"] for w in job["watchers"]], job.get("concurrency", 200), heartbeat=job.get("heartbeat", 0.0)
+    )
     watchers_by_user: dict[str, list[Watcher]] = defaultdict(list)
     for spec, watcher in zip(job["watchers"], all_watchers, strict=True):
         for user in spec["subjects"]:
@@ -218,6 +277,7 @@ async def churn(job: dict) -> None:
     """Connect/disconnect pairs at `rate`/s; online latency and presence frames delivered per second."""
     all_watchers, watchers_by_user = await _open_watchers(job)
     frames_before = sum(w.frames for w in all_watchers)
+    bytes_before = sum(w.bytes for w in all_watchers)
     opened: dict[str, float] = {}
     # The measured window starts now: the harness reads every process's CPU from here.
     emit("started")
@@ -230,6 +290,7 @@ async def churn(job: dict) -> None:
     elapsed = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     frames = sum(w.frames for w in all_watchers) - frames_before
+    received = sum(w.bytes for w in all_watchers) - bytes_before
     emit("ended")
     await _ended(cycles)
     values, missing = _latencies(watchers_by_user, opened, "online")
@@ -244,6 +305,9 @@ async def churn(job: dict) -> None:
         missing_online=missing,
         missing_offline=offline_missing,
         frames=frames,
+        # Each subject's `online` and `offline`, to every watcher of its channel.
+        watcher_transitions=sum(2 * len(watchers_by_user[s["user"]]) for s in job["subjects"]),
+        bytes_per_frame=round(received / frames, 1) if frames else 0.0,
         frames_per_s=round(frames / elapsed, 1) if elapsed else 0.0,
         seconds=round(elapsed, 2),
         cpu_seconds=round(cpu_seconds, 3),
@@ -420,6 +484,102 @@ async def slow_reader(job: dict) -> None:
     )
 
 
+async def _quiet(watchers: list[Watcher], quiet: float, timeout: float) -> None:
+    """Until no presence frame has arrived for `quiet` seconds (the connects' own transitions are in)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        last = max([w.last for w in watchers] + [started])
+        if time.perf_counter() - last > quiet:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def flicker(job: dict) -> None:
+    """A subject closes and reconnects `gap` seconds later: the presence frames each watcher gets for it."""
+    watchers = await _open_many([w["url"] for w in job["watchers"]], 50, heartbeat=job.get("heartbeat", 0.0))
+    subject = Watcher(job["subject"]["url"], job.get("heartbeat", 0.0))
+    await subject.start()
+    await _quiet(watchers, 1.0, 30)
+    before = sum(w.frames for w in watchers)
+    await subject.close()
+    await asyncio.sleep(job["gap"])
+    again = Watcher(job["subject"]["url"], job.get("heartbeat", 0.0))
+    await again.start()
+    await asyncio.sleep(job["settle"])
+    frames = sum(w.frames for w in watchers) - before
+    user = job["subject"]["user"]
+    online = sum(1 for w in watchers if (user, "online") in w.seen)
+    await asyncio.gather(again.close(), *(w.close() for w in watchers), return_exceptions=True)
+    emit("result", frames_per_watcher=round(frames / len(watchers), 3), watchers=len(watchers), saw_online=online)
+
+
+async def dead_instance(job: dict) -> None:
+    """Subjects on an instance the harness SIGKILLs; when their watchers, elsewhere, see each go offline.
+
+    The harness sends the instant of the kill (time.monotonic(), the clock perf_counter reads here).
+    """
+    all_watchers, watchers_by_user = await _open_watchers(job)
+    subjects = await _open_many(
+        [s["url"] for s in job["subjects"]], job.get("concurrency", 200), heartbeat=job.get("heartbeat", 0.0)
+    )
+    await _quiet(all_watchers, 1.0, 120)
+    emit("ready", watchers=len(all_watchers), subjects=len(subjects))
+    killed = float(await _wait_line())
+    users = [s["user"] for s in job["subjects"]]
+    pairs = [(user, watcher) for user in users for watcher in watchers_by_user[user]]
+    deadline = killed + job.get("timeout", 120)
+    # Polled, as in `ceiling`: the readers stay as cheap as in the other scenarios.
+    while time.perf_counter() < deadline and any((u, "offline") not in w.seen for u, w in pairs):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    seen = [w.seen[(u, "offline")] - killed for u, w in pairs if (u, "offline") in w.seen]
+    await asyncio.gather(*(w.close() for w in all_watchers), return_exceptions=True)
+    emit(
+        "result",
+        pairs=len(pairs),
+        missing=len(pairs) - len(seen),
+        first_ms=round(min(seen) * 1000, 1) if seen else 0.0,
+        last_ms=round(max(seen) * 1000, 1) if seen else 0.0,
+        p50_ms=round(percentile(seen, 50) * 1000, 1),
+    )
+
+
+async def bigroom(job: dict) -> None:
+    """Members connect and settle; on "go" each closes and reconnects, spread over `window` seconds (a deploy).
+
+    Converged: every member's view (its snapshot and each change since) holds its `expect` users.
+    """
+    members = job["members"]
+    old = await _open_many([m["url"] for m in members], job.get("concurrency", 100))
+    await _quiet(old, 1.0, job.get("timeout", 300))
+    emit("ready", connections=len(old), frames=sum(w.frames for w in old))
+    await _wait_line()
+    started = time.perf_counter()
+    window = job["window"]
+    new = [Watcher(m["url"], expect=m["expect"]) for m in members]
+
+    async def again(index: int) -> None:
+        await asyncio.sleep(max(0.0, started + index * window / len(members) - time.perf_counter()))
+        await old[index].close()
+        await new[index].start()
+
+    failures = [r for r in await asyncio.gather(*(again(i) for i in range(len(members))), return_exceptions=True) if r]
+    reconnected = time.perf_counter() - started
+    deadline = started + job.get("timeout", 300)
+    while time.perf_counter() < deadline and not all(w.full_at for w in new):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    converged = [w.full_at - started for w in new if w.full_at]
+    emit("converged")
+    await asyncio.gather(*(w.close() for w in new), return_exceptions=True)
+    emit(
+        "result",
+        converge_s=round(max(converged), 3) if converged else 0.0,
+        not_converged=len(new) - len(converged),
+        failures=len(failures),
+        reconnect_s=round(reconnected, 3),
+        snapshot_bytes=max(w.snapshot_bytes for w in new),
+    )
+
+
 SCENARIOS = {
     "idle": idle,
     "notify": notify,
@@ -427,6 +587,9 @@ SCENARIOS = {
     "ceiling": ceiling,
     "burst": burst,
     "slow_reader": slow_reader,
+    "flicker": flicker,
+    "dead_instance": dead_instance,
+    "bigroom": bigroom,
 }
 
 

@@ -9,6 +9,7 @@ versions and settings).
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -52,15 +53,31 @@ class Sizes:
     slow_reader_mb: int
     # RELAY_MAX_PENDING_BYTES for that phase; None leaves the default (4 MiB).
     slow_reader_bound: int | None
+    # The peer's churn climb (it starts lower than Relay's).
+    peer_churn_rates: tuple[int, ...]
+    # Members of the big room (all reconnecting within `bigroom_window` seconds).
+    bigroom_members: int
+    bigroom_window: float
+    # Users on the instance that is SIGKILLed in the reap phase.
+    reap_users: int
+    # Connects per server in the paced-against-burst comparison, and the pace.
+    paced_connections: int
+    paced_rate: float
 
 
 # The climb goes in 50/s steps up to the 500/s target, so the highest rate held is known within 50.
 FULL_CHURN_RATES = (*range(100, 501, 50), 600, 800, 1000)
-FULL = Sizes(10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 5, 1000, 300, 1000, 40, None)
-QUICK = Sizes(1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300, 100, 200, 12, None)
+FULL = Sizes(
+    10_000, 10.0, 100, 10.0, 20, FULL_CHURN_RATES, 5.0, 2000, 5, 1000, 300, 1000, 40, None,
+    (10, 25, 50, 75, 100, 150, 200), 2000, 10.0, 10_000, 500, 50.0,
+)  # fmt: skip
+QUICK = Sizes(
+    1_000, 5.0, 100, 3.0, 20, (100, 150, 200, 400), 2.0, 500, 3, 300, 100, 200, 12, None,
+    (10, 25, 50, 100), 500, 5.0, 2000, 150, 50.0,
+)  # fmt: skip
 # CI's smoke run: every phase and every key, in seconds; the numbers mean nothing at this size.
 # Its slow reader passes the smallest bound allowed, so that its close is run too.
-SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 1, 10, 5, 5, 6, 64 * 1024)
+SMOKE = Sizes(40, 1.0, 20, 1.0, 3, (20,), 1.0, 20, 1, 10, 5, 5, 6, 64 * 1024, (20,), 20, 1.0, 40, 10, 50.0)
 MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 # Scaled presence timings for the churn phases, so each pair's `offline` lands in the window.
@@ -73,7 +90,6 @@ CHURN_TIMINGS = {
 P99_LIMIT_MS = 250.0
 # Turns each server takes in a connect CPU round (A B B A ...).
 CONNECT_CPU_TURNS = 4
-TRANSITION_KEYS = ("transitions.max_per_s", "fanout.frames_per_s")
 
 
 def say(message: str) -> None:
@@ -388,33 +404,56 @@ def warm_up(world: World, prefix: str, *servers: Server) -> None:
         open_and_close([server.ws_url(f"token={world.token(user)}")])
 
 
-def phase_notify(world: World, workdir: Path, sizes: Sizes) -> dict:
-    """Subject connects on A → watcher on B hears `online`, at a steady rate."""
+def phase_notify(world: World, workdir: Path, sizes: Sizes, kind: str = "relay") -> dict:
+    """Subject connects on A → watcher on B hears `online`, at a steady rate (Relay, or the peer: `peer.notify.*`)."""
     count = int(sizes.notify_rate * sizes.notify_seconds)
-    watchers, subjects, _ = _watch_world(world, "notify", count, sizes.notify_watchers, per_channel=20)
-    a, b = daphne("relay-notify-a", workdir), daphne("relay-notify-b", workdir)
+    watchers, subjects, channel_of = _watch_world(world, f"{kind}-notify", count, sizes.notify_watchers, per_channel=20)
+    peer = None
+    if kind == "peer":
+        peer_users(watchers_and(watchers, subjects))
+        peer = Peer("peer-notify", workdir)
+        a, b = peer.servers
+
+        def url(server: Server, user: str) -> str:
+            return server.ws_url(f"user={user}&channels={channel_of[user]}")
+    else:
+        a, b = daphne("relay-notify-a", workdir), daphne("relay-notify-b", workdir)
+
+        def url(server: Server, user: str) -> str:
+            return server.ws_url(f"token={world.token(user)}")
+
     try:
-        warm_up(world, "notify", a, b)
-        say(f"notify: {len(watchers)} watchers on B, {count} subjects on A at {sizes.notify_rate}/s")
+        if kind == "relay":
+            warm_up(world, "notify", a, b)
+        say(f"notify ({kind}): {len(watchers)} watchers on B, {count} subjects on A at {sizes.notify_rate}/s")
         result = run_job(
             {
                 "scenario": "notify",
-                "watchers": [
-                    {"url": b.ws_url(f"token={world.token(w['user'])}"), "subjects": w["subjects"]} for w in watchers
-                ],
-                "subjects": [{"user": s, "url": a.ws_url(f"token={world.token(s)}")} for s in subjects],
+                "watchers": [{"url": url(b, w["user"]), "subjects": w["subjects"]} for w in watchers],
+                "subjects": [{"user": s, "url": url(a, s)} for s in subjects],
                 "rate": sizes.notify_rate,
                 "hold": 0.5,
                 "settle": 1.5,
+                "heartbeat": PEER_HEARTBEAT_S if kind == "peer" else 0.0,
             }
         )
     finally:
-        a.stop()
-        b.stop()
+        if peer:
+            peer.stop()
+        else:
+            a.stop()
+            b.stop()
     say(
-        f"notify: p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms "
+        f"notify ({kind}): p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms "
         f"({result['samples']} samples, {result['missing']} missing)"
     )
+    if kind == "peer":
+        return {
+            "peer.notify.p50_ms": result["p50_ms"],
+            "peer.notify.p99_ms": result["p99_ms"],
+            "_peer_notify_missing": result["missing"],
+            "_peer_notify_achieved_rate": result["achieved_rate"],
+        }
     return {
         "notify.p50_ms": result["p50_ms"],
         "notify.p99_ms": result["p99_ms"],
@@ -425,13 +464,17 @@ def phase_notify(world: World, workdir: Path, sizes: Sizes) -> dict:
     }
 
 
-def _churn_job(world: World, a: Server, b: Server, prefix: str, rate: int, seconds: float, bare: bool) -> dict:
+def _churn_job(world: World, a: Server, b: Server, prefix: str, rate: int, seconds: float, kind: str) -> dict:
     count = int(rate * seconds)
     watchers, subjects, channel_of = _watch_world(world, prefix, count, 20, per_channel=max(1, count // 20))
+    if kind == "peer":
+        peer_users(watchers_and(watchers, subjects))
 
     def url(server: Server, user: str, announce: bool) -> str:
-        if not bare:
+        if kind == "relay":
             return server.ws_url(f"token={world.token(user)}")
+        if kind == "peer":
+            return server.ws_url(f"user={user}&channels={channel_of[user]}")
         # Bare watchers only listen: Relay's watchers announce themselves once, before the window.
         return server.ws_url(f"channels={channel_of[user]}" + (f"&user={user}" if announce else ""))
 
@@ -445,28 +488,82 @@ def _churn_job(world: World, a: Server, b: Server, prefix: str, rate: int, secon
         "rate": rate,
         "hold": 0.05,
         "settle": 1.5,
+        "heartbeat": PEER_HEARTBEAT_S if kind == "peer" else 0.0,
     }
 
 
+def watchers_and(watchers: list[dict], subjects: list[str]) -> list[str]:
+    return [w["user"] for w in watchers] + subjects
+
+
+def peer_users(usernames: list[str]) -> None:
+    """The peer's users (django.contrib.auth's, by name): the same people as Relay's."""
+    from django.contrib.auth.models import User
+
+    User.objects.bulk_create([User(username=name) for name in usernames], batch_size=2000, ignore_conflicts=True)
+
+
+# The peer's presence timings at the bench's scale: a row lives CHANNELS_PRESENCE_MAX_AGE without a
+# heartbeat (Relay's TTL), clients beat and the prune job runs every refresh interval (Relay's refresh).
+PEER_HEARTBEAT_S = 1.0
+PEER_PRUNE_S = 1.0
+PEER_MAX_AGE_S = 3.0
+
+
+class Peer:
+    """Two peer instances (bench/peers/asgi.py) and its prune job, on the bench database."""
+
+    migrated = False
+
+    def __init__(self, name: str, workdir: Path, count: int = 2) -> None:
+        env = {"DJANGO_SETTINGS_MODULE": "bench.peers.settings", "BENCH_PEER_MAX_AGE_S": str(PEER_MAX_AGE_S)}
+        if not Peer.migrated:
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=BASE_DIR, check=True, env={**os.environ, **env}
+            )
+            Peer.migrated = True
+        self.prune = Server(
+            f"{name}-prune",
+            [sys.executable, "-m", "bench.peers.prune", str(PEER_PRUNE_S)],
+            {**os.environ, **env},
+            workdir,
+            0,
+        )
+        self.servers = [
+            daphne(f"{name}-{index}", workdir, app="bench.peers.asgi:application", **env) for index in range(count)
+        ]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        self.prune.stop()
+
+
 def phase_churn(
-    world: World, workdir: Path, sizes: Sizes, redis_client: Any, bare: bool = False
+    world: World, workdir: Path, sizes: Sizes, redis_client: Any, kind: str = "relay"
 ) -> tuple[dict, list[dict]]:
     """Raise the connect/disconnect rate until online p99 passes 250 ms or the rate cannot be held.
 
-    `bare`: the same climb against the bare fan-out consumer (bench/bare.py) on the same servers,
-    the stack's own ceiling for the same load: keys `_bare_transitions_max_per_s` and
-    `_bare_fanout_frames_per_s`.
+    `kind`: `bare`, the same climb against the bare fan-out consumer (bench/bare.py) on the same
+    servers, the stack's own ceiling for the same load (`_bare_transitions_max_per_s`,
+    `_bare_fanout_frames_per_s`); `peer`, against the Django peer (bench/peers/), from its own
+    rates (`peer.transitions.max_per_s`, `peer.frames_per_transition`).
     """
-    name = "bare-churn" if bare else "relay-churn"
-    app = {"app": "bench.bare:application"} if bare else {}
-    a = daphne(f"{name}-a", workdir, **app, **CHURN_TIMINGS)
-    b = daphne(f"{name}-b", workdir, **app, **CHURN_TIMINGS)
+    name = f"{kind}-churn"
+    peer = None
+    if kind == "peer":
+        peer = Peer(name, workdir)
+        a, b = peer.servers
+    else:
+        app = {"app": "bench.bare:application"} if kind == "bare" else {}
+        a = daphne(f"{name}-a", workdir, **app, **CHURN_TIMINGS)
+        b = daphne(f"{name}-b", workdir, **app, **CHURN_TIMINGS)
     steps, best = [], None
     try:
-        if not bare:
+        if kind == "relay":
             warm_up(world, "churn", a, b)
-        for rate in sizes.churn_rates:
-            job = _churn_job(world, a, b, f"{name}{rate}", rate, sizes.churn_seconds, bare)
+        for rate in sizes.peer_churn_rates if kind == "peer" else sizes.churn_rates:
+            job = _churn_job(world, a, b, f"{name}{rate}", rate, sizes.churn_seconds, kind)
             load = LoadGen(job)
             load.expect("started")
             servers_before, redis_before = cpu_seconds(a.pid) + cpu_seconds(b.pid), redis_cpu_seconds(redis_client)
@@ -477,7 +574,7 @@ def phase_churn(
             window = result["seconds"]
             # Cores busy during the window, in % of one core: the two instances, the load generator, Redis.
             result.update(
-                server="bare" if bare else "relay",
+                server=kind,
                 cpu_pct_servers=round(100 * servers / window),
                 cpu_pct_loadgen=round(100 * result["cpu_seconds"] / window),
                 cpu_pct_redis=round(100 * redis_used / window),
@@ -494,10 +591,32 @@ def phase_churn(
                 break
             best = result
     finally:
-        a.stop()
-        b.stop()
-    keys = ("_bare_transitions_max_per_s", "_bare_fanout_frames_per_s") if bare else TRANSITION_KEYS
-    return {keys[0]: best["rate"] if best else 0, keys[1]: best["frames_per_s"] if best else 0.0}, steps
+        if peer:
+            peer.stop()
+        else:
+            a.stop()
+            b.stop()
+    first = steps[0]
+    # Presence frames per watcher per transition it should hear (each pair: `online` and `offline`).
+    per_transition = round(first["frames"] / first["watcher_transitions"], 3) if first["watcher_transitions"] else 0.0
+    if kind == "peer":
+        return {
+            "peer.transitions.max_per_s": best["rate"] if best else 0,
+            "peer.frames_per_transition": per_transition,
+            "peer.bytes_per_frame": first["bytes_per_frame"],
+            "_peer_fanout_frames_per_s": best["frames_per_s"] if best else 0.0,
+        }, steps
+    if kind == "bare":
+        return {
+            "_bare_transitions_max_per_s": best["rate"] if best else 0,
+            "_bare_fanout_frames_per_s": best["frames_per_s"] if best else 0.0,
+        }, steps
+    return {
+        "transitions.max_per_s": best["rate"] if best else 0,
+        "fanout.frames_per_s": best["frames_per_s"] if best else 0.0,
+        "frames_per_transition": per_transition,
+        "bytes_per_frame": first["bytes_per_frame"],
+    }, steps
 
 
 def phase_commands(world: World, workdir: Path, redis_client: Any) -> dict:
@@ -604,14 +723,19 @@ def _interleaved_connect_cpu(servers: Sequence[tuple[Server, list[str]]], turns:
     return [(connect / count, close / count) for connect, close, count in spent]
 
 
-def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
-    """Relay's CPU per connect against the bare consumer's, same users and groups.
+def spread(values: Sequence[float]) -> str:
+    """A ratio's range over the rounds it is the median of."""
+    return f"{min(values):.2f}-{max(values):.2f} over {len(values)} rounds"
+
+
+def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes, with_peer: bool) -> dict:
+    """Relay's CPU per connect against the bare consumer's and the peer's, same users and groups.
 
     Each user has a channel of their own: the connect path alone is measured, as the bare
-    consumer does no fan-out. (With 50 users per channel, as before, each connect also delivered
-    up to 49 co-members' `online` frames: fan-out, which `fanout.frames_per_s` measures.)
-    A round measures both on fresh servers with users new to them (first connects), taking turns
-    (`_interleaved_connect_cpu`); the ratio is the rounds' median (docs/performance.md).
+    consumer does no fan-out. (With 50 users per channel, each connect would also deliver up to
+    49 co-members' `online` frames: fan-out, which `fanout.frames_per_s` measures.)
+    A round measures all on fresh servers with users new to them (first connects), taking turns
+    (`_interleaved_connect_cpu`); each ratio is the rounds' median, its spread beside it.
     """
     rounds = []
     for round_number in range(sizes.connect_cpu_rounds):
@@ -619,35 +743,57 @@ def phase_connect_cpu(world: World, workdir: Path, sizes: Sizes) -> dict:
         channel_of = {uid: world.channel(f"cpu-room-{uid}", [uid]) for uid in users}
         relay = daphne(f"relay-cpu-{round_number}", workdir)
         bare = daphne(f"bare-cpu-{round_number}", workdir, app="bench.bare:application")
+        measured = [
+            (relay, [relay.ws_url(f"token={world.token(uid)}") for uid in users]),
+            (bare, [bare.ws_url(f"channels={channel_of[uid]}") for uid in users]),
+        ]
+        peer = None
+        if with_peer:
+            peer_users(users)
+            peer = Peer(f"peer-cpu-{round_number}", workdir, count=1)
+            server = peer.servers[0]
+            measured.append((server, [server.ws_url(f"user={uid}&channels={channel_of[uid]}") for uid in users]))
         try:
-            (relay_cpu, relay_close), (bare_cpu, bare_close) = _interleaved_connect_cpu(
-                (
-                    (relay, [relay.ws_url(f"token={world.token(uid)}") for uid in users]),
-                    (bare, [bare.ws_url(f"channels={channel_of[uid]}") for uid in users]),
-                ),
-                CONNECT_CPU_TURNS,
-            )
+            spent = _interleaved_connect_cpu(measured, CONNECT_CPU_TURNS)
         finally:
             relay.stop()
             bare.stop()
+            if peer:
+                peer.stop()
+        (relay_cpu, relay_close), (bare_cpu, bare_close) = spent[:2]
+        peer_cpu, peer_close = spent[2] if peer else (0.0, 0.0)
         # Without schedstat (ticks), the bare server's CPU can round to none at smoke size.
         ratio = relay_cpu / bare_cpu if bare_cpu else 0.0
-        rounds.append((ratio, relay_cpu, bare_cpu, relay_close, bare_close))
+        rounds.append((ratio, relay_cpu, bare_cpu, relay_close, bare_close, peer_cpu, peer_close))
         say(
             f"connect CPU, round {round_number + 1}: relay {relay_cpu * 1000:.2f} ms, bare {bare_cpu * 1000:.2f} ms "
-            f"(ratio {ratio:.2f}); close: relay {relay_close * 1000:.2f} ms, bare {bare_close * 1000:.2f} ms"
+            f"(ratio {ratio:.2f}), peer {peer_cpu * 1000:.2f} ms; close: relay {relay_close * 1000:.2f} ms, "
+            f"bare {bare_close * 1000:.2f} ms, peer {peer_close * 1000:.2f} ms"
         )
-    ratio, relay_cpu, bare_cpu, relay_close, bare_close = sorted(rounds)[len(rounds) // 2]
-    return {
+    ratio, relay_cpu, bare_cpu, relay_close, bare_close, *_ = sorted(rounds)[len(rounds) // 2]
+    results = {
         "ratio.connect_cpu_vs_bare": round(ratio, 3),
+        "_spread:ratio.connect_cpu_vs_bare": spread([r[0] for r in rounds]),
         # The median round's numbers, then every round's ratio.
-        "_connect_cpu_ms_relay": round(relay_cpu * 1000, 3),
+        "connect_cpu_ms": round(relay_cpu * 1000, 3),
         "_connect_cpu_ms_bare": round(bare_cpu * 1000, 3),
         "_connect_cpu_round_ratios": " ".join(f"{round_ratio:.3f}" for round_ratio, *_ in rounds),
         # Without the grace check, which fires RELAY_PRESENCE_GRACE_MS later (30 s by default).
         "_close_cpu_ms_relay": round(relay_close * 1000, 3),
         "_close_cpu_ms_bare": round(bare_close * 1000, 3),
     }
+    if with_peer:
+        peer_ratios = sorted((r[1] / r[5] if r[5] else 0.0, r[5], r[6]) for r in rounds)
+        peer_ratio, peer_cpu, peer_close = peer_ratios[len(rounds) // 2]
+        results.update(
+            {
+                "peer.connect_cpu_ms": round(peer_cpu * 1000, 3),
+                "ratio.connect_cpu_vs_peer": round(peer_ratio, 3),
+                "_spread:ratio.connect_cpu_vs_peer": spread([r[0] for r in peer_ratios]),
+                "_close_cpu_ms_peer": round(peer_close * 1000, 3),
+            }
+        )
+    return results
 
 
 def _callgrind_server(workdir: Path, name: str, app: str) -> tuple[Server, Path]:
@@ -932,20 +1078,37 @@ def machine() -> dict:
     }
 
 
+# At the bench timings (CHURN_TIMINGS): TTL + grace + 2 x refresh.
+REAP_BOUND_MS = 3000 + 300 + 2 * 1000
 TARGETS = {
     "idle.connections": (">=", 10_000),
     "idle.rss_kb_per_connection": ("<=", 40),
     "idle.cpu_pct_per_1k": ("<=", 5),
     "notify.p50_ms": ("<=", 10),
     "notify.p99_ms": ("<=", 50),
-    "transitions.max_per_s": (">=", 500),
     "fanout.frames_per_s": (">=", 10_000),
     "redis.commands_per_connect": ("<=", 7),
-    "ratio.connect_cpu_vs_bare": ("<=", 1.3),
     # The default bound (RELAY_MAX_PENDING_BYTES, 4 MiB) plus 8.
     "slow_reader.rss_growth_mb": ("<=", 12),
     "slow_reader.healthy_delivered_ratio": (">=", 1.0),
+    "ratio.transitions_vs_peer": (">=", 2),
+    "ratio.connect_cpu_vs_peer": ("<=", 0.5),
+    "ratio.bigroom_connect_cpu_vs_small": ("<=", 3),
+    "reconnect_flicker_frames": ("<=", 0),
+    "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
 }
+
+# Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
+SIDE_BY_SIDE = (
+    ("online seen by a watcher, p50 ms (100 transitions/s x 20 watchers)", "notify.p50_ms", "peer.notify.p50_ms"),
+    ("online seen by a watcher, p99 ms", "notify.p99_ms", "peer.notify.p99_ms"),
+    ("transitions/s held (p99 <= 250 ms)", "transitions.max_per_s", "peer.transitions.max_per_s"),
+    ("server CPU per connect, ms", "connect_cpu_ms", "peer.connect_cpu_ms"),
+    ("frames per watcher per transition", "frames_per_transition", "peer.frames_per_transition"),
+    ("bytes per presence frame (rooms of ~40)", "bytes_per_frame", "peer.bytes_per_frame"),
+    ("frames a watcher gets for a 1 s reconnect", "reconnect_flicker_frames", "peer.reconnect_flicker_frames"),
+    ("seconds a SIGKILLed instance's user stays online", "ghost_seconds", "peer.ghost_seconds"),
+)
 
 
 def verdict(key: str, value: float) -> str:
@@ -959,7 +1122,25 @@ def verdict(key: str, value: float) -> str:
 COMMANDS = {"full": "make bench", "quick": "make bench-quick", "smoke": "python -m bench.run --smoke"}
 
 
+def side_by_side(results: dict) -> list[str]:
+    """The Relay-against-peer table, for the rows both sides have."""
+    rows = [(what, results[a], results[b]) for what, a, b in SIDE_BY_SIDE if a in results and b in results]
+    if not rows:
+        return []
+    return ["| | Relay | peer |", "|---|---|---|", *(f"| {what} | {a} | {b} |" for what, a, b in rows)]
+
+
+def results_table(results: dict) -> list[str]:
+    public = {key: value for key, value in results.items() if not key.startswith("_")}
+    lines = ["| key | value | spread | target |", "|---|---|---|---|"]
+    return lines + [
+        f"| `{key}` | {value} | {results.get(f'_spread:{key}', '')} | {verdict(key, value)} |"
+        for key, value in sorted(public.items())
+    ]
+
+
 def write_results(out: Path, results: dict, context: dict, steps: list[dict], mode: str) -> None:
+    """latest.json (every key, a number) and latest.md, written from the same results."""
     out.mkdir(parents=True, exist_ok=True)
     public = {key: value for key, value in results.items() if not key.startswith("_")}
     (out / "latest.json").write_text(json.dumps(public, indent=2, sort_keys=True) + "\n")
@@ -970,17 +1151,23 @@ def write_results(out: Path, results: dict, context: dict, steps: list[dict], mo
         "",
         "## Results",
         "",
-        "| key | value | target |",
-        "|---|---|---|",
+        *results_table(results),
+        "",
+        "## Relay and the peer (django-channels-presence-4-0), same run",
+        "",
+        *(side_by_side(results) or [f"Peer {context['settings']['peer']}."]),
     ]
-    lines += [f"| `{key}` | {value} | {verdict(key, value)} |" for key, value in sorted(public.items())]
     lines += ["", "## Supporting numbers", "", "| measurement | value |", "|---|---|"]
-    lines += [f"| {key[1:]} | {value} |" for key, value in sorted(results.items()) if key.startswith("_")]
+    lines += [
+        f"| {key[1:]} | {value} |"
+        for key, value in sorted(results.items())
+        if key.startswith("_") and not key.startswith("_spread:")
+    ]
     lines += [
         "",
         "## Churn steps (connect/disconnect pairs per second)",
         "",
-        "Relay, then the bare fan-out consumer (bench/bare.py) under the same load.",
+        "Relay, the bare fan-out consumer (bench/bare.py) and the peer under the same load.",
         "",
         "CPU: % of one core during the step's window (2 cores = 200 %).",
         "",
@@ -998,6 +1185,59 @@ def write_results(out: Path, results: dict, context: dict, steps: list[dict], mo
     lines += ["", "## Versions", ""] + [f"- {key}: {value}" for key, value in context["versions"].items()]
     lines += ["", "## Settings", ""] + [f"- {key}: {value}" for key, value in context["settings"].items()]
     (out / "latest.md").write_text("\n".join(lines) + "\n")
+    if mode == "full" and out == RESULTS:
+        refresh_docs(results, context)
+
+
+DOCS = BASE_DIR / "docs" / "performance.md"
+DOCS_START, DOCS_END = "<!-- bench results: written by `make bench` -->", "<!-- end of bench results -->"
+
+
+def refresh_docs(results: dict, context: dict) -> None:
+    """The current results in docs/performance.md, between its two markers, from a full run."""
+    text = DOCS.read_text()
+    if DOCS_START not in text or DOCS_END not in text:
+        return
+    machine = context["machine"]
+    block = [
+        DOCS_START,
+        f"`make bench`, {context['started']}, {machine['cores']} x {machine['cpu']}, {machine['memory_gib']} GiB.",
+        "",
+        *side_by_side(results),
+        "",
+        *results_table(results),
+        DOCS_END,
+    ]
+    head, rest = text.split(DOCS_START, 1)
+    DOCS.write_text(head + "\n".join(block) + rest.split(DOCS_END, 1)[1])
+
+
+PHASES = (
+    "idle",
+    "notify",
+    "churn",
+    "commands",
+    "cpu",
+    "instructions",
+    "ceiling",
+    "layers",
+    "slow_reader",
+    "behaviours",
+    "reap",
+    "bigroom",
+    "paced",
+)
+
+
+def peer_ratios(results: dict) -> dict:
+    """Relay against the peer, from keys the phases wrote (those that ran)."""
+    ratios = {}
+    if results.get("peer.transitions.max_per_s") and "transitions.max_per_s" in results:
+        ratios["ratio.transitions_vs_peer"] = round(
+            results["transitions.max_per_s"] / results["peer.transitions.max_per_s"], 3
+        )
+        ratios["_spread:ratio.transitions_vs_peer"] = "one climb each"
+    return ratios
 
 
 def main() -> int:
@@ -1008,14 +1248,24 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="*",
-        help="run only these phases (idle notify churn commands cpu instructions ceiling layers slow_reader)",
+        help=f"run only these phases ({' '.join(PHASES)})",
     )
+    parser.add_argument("--no-peer", action="store_true", help="leave the Django peer (bench/peers/) out")
     args = parser.parse_args()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = MODES[mode]
-    phases = set(
-        args.only or ["idle", "notify", "churn", "commands", "cpu", "instructions", "ceiling", "layers", "slow_reader"]
+    phases = set(args.only or PHASES)
+    # The peer is installed by the `bench*` make targets only (bench/requirements.txt).
+    with_peer = not args.no_peer and importlib.util.find_spec("channels_presence") is not None
+    peer_note = (
+        "django-channels-presence-4-0 (bench/peers/)"
+        if with_peer
+        else "left out: --no-peer"
+        if args.no_peer
+        else "left out: django-channels-presence-4-0 is not installed (pip install -r bench/requirements.txt)"
     )
+    from bench import compare
+
     started = time.time()
     sys.path.insert(0, str(BASE_DIR))
     from devtools.embedded_redis import EmbeddedRedis
@@ -1042,17 +1292,19 @@ def main() -> int:
             results.update(phase_idle(world, workdir, sizes))
         if fresh("notify"):
             results.update(phase_notify(world, workdir, sizes))
+            if with_peer:
+                redis_client.flushall()
+                results.update(phase_notify(world, workdir, sizes, "peer"))
         if fresh("churn"):
-            churn, steps = phase_churn(world, workdir, sizes, redis_client)
-            results.update(churn)
-            redis_client.flushall()
-            bare_churn, bare_steps = phase_churn(world, workdir, sizes, redis_client, bare=True)
-            results.update(bare_churn)
-            steps += bare_steps
+            for kind in ("relay", "bare", *(("peer",) if with_peer else ())):
+                redis_client.flushall()
+                churn, kind_steps = phase_churn(world, workdir, sizes, redis_client, kind)
+                results.update(churn)
+                steps += kind_steps
         if fresh("commands"):
             results.update(phase_commands(world, workdir, redis_client))
         if fresh("cpu"):
-            results.update(phase_connect_cpu(world, workdir, sizes))
+            results.update(phase_connect_cpu(world, workdir, sizes, with_peer))
         if fresh("instructions"):
             results.update(phase_connect_instructions(world, workdir, sizes))
         if fresh("layers"):
@@ -1065,6 +1317,16 @@ def main() -> int:
             results["ratio.frames_vs_ceiling"] = round(relay / ceiling, 3) if ceiling else 0.0
         if fresh("slow_reader"):
             results.update(phase_slow_reader(world, workdir, sizes))
+        if fresh("behaviours"):
+            results.update(compare.phase_behaviours(world, workdir, with_peer))
+        if fresh("reap"):
+            results.update(compare.phase_reap(world, workdir, sizes))
+        if fresh("bigroom"):
+            results.update(compare.phase_bigroom(world, workdir, sizes, redis_client))
+        if fresh("paced"):
+            results.update(compare.phase_paced(world, workdir, sizes))
+        if with_peer:
+            results.update(peer_ratios(results))
         redis_client.close()
     context = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
@@ -1076,6 +1338,9 @@ def main() -> int:
             "servers": "python -m relay.serve (Daphne on uvloop, GC thresholds 50000/50/100), Relay and bare alike",
             "churn timings": CHURN_TIMINGS,
             "p99 limit ms": P99_LIMIT_MS,
+            "peer": peer_note,
+            "peer timings": f"CHANNELS_PRESENCE_MAX_AGE {PEER_MAX_AGE_S} s, heartbeat {PEER_HEARTBEAT_S} s, "
+            f"prune every {PEER_PRUNE_S} s",
         },
     }
     write_results(args.out, results, context, steps, mode)

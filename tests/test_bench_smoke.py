@@ -1,9 +1,12 @@
 """The benchmark's smoke run, so `make bench` cannot rot: every phase runs and every key is a number.
 
 Timings are not asserted (the suite runs on a shared 2-core machine); the full and quick runs
-and their targets are `make bench` / `make bench-quick` (docs/performance.md).
+and their targets are `make bench` / `make bench-quick` (docs/performance.md). The Django peer
+(bench/peers/) is installed by the `bench*` make targets only: the main smoke run leaves it out,
+and its own smoke run is skipped, saying so, where it is not installed.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -30,30 +33,81 @@ KEYS = {
     "layers.pubsub_vs_core_frames",
     "slow_reader.rss_growth_mb",
     "slow_reader.healthy_delivered_ratio",
+    "frames_per_transition",
+    "bytes_per_frame",
+    "connect_cpu_ms",
+    "reconnect_flicker_frames",
+    "ghost_seconds",
+    "reap.users",
+    "reap.users_per_s",
+    "reap.last_offline_after_ms",
+    "bigroom.members",
+    "bigroom.converge_s",
+    "bigroom.redis_cpu_pct",
+    "bigroom.snapshot_bytes",
+    "ratio.bigroom_connect_cpu_vs_small",
+    "connect_cpu_ms.burst",
+    "connect_cpu_ms.paced",
+    "ratio.connect_cpu_paced_vs_burst",
 }
+PEER_KEYS = {
+    "notify.p50_ms",
+    "notify.p99_ms",
+    "notify.rate",
+    "notify.watchers",
+    "peer.notify.p50_ms",
+    "peer.notify.p99_ms",
+    "reconnect_flicker_frames",
+    "ghost_seconds",
+    "peer.reconnect_flicker_frames",
+    "peer.ghost_seconds",
+}
+
+
+def smoke(out: Path, *args: str) -> dict:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out), *args],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((out / "latest.json").read_text())
+
+
+def not_numbers(results: dict) -> dict:
+    return {
+        key: value for key, value in results.items() if isinstance(value, bool) or not isinstance(value, float | int)
+    }
 
 
 @pytest.mark.bench
 def test_the_smoke_benchmark_writes_every_key_as_a_number(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
-        cwd=BASE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads((tmp_path / "latest.json").read_text())
+    results = smoke(tmp_path, "--no-peer")
     assert set(results) == KEYS
-    not_numbers = {
-        key: value for key, value in results.items() if isinstance(value, bool) or not isinstance(value, int | float)
-    }
-    assert not_numbers == {}
+    assert not_numbers(results) == {}
     # The smoke run really connected: a harness that silently measured nothing would pass the above.
     assert results["idle.connections"] > 0
     assert results["redis.commands_per_connect"] > 0
+    assert results["reap.last_offline_after_ms"] > 0 and results["bigroom.snapshot_bytes"] > 0
     report = (tmp_path / "latest.md").read_text()
     assert "## Machine" in report and "## Versions" in report and "## Settings" in report
     # Counted under callgrind, or said why not (valgrind is optional).
     assert "| connect_instructions_ratio |" in report or "| connect_instructions | skipped" in report
     assert not (tmp_path / "latest.json").samefile(BASE_DIR / "bench" / "results" / "latest.json")
+
+
+@pytest.mark.bench
+def test_the_peer_runs_beside_relay_where_it_is_installed(tmp_path: Path) -> None:
+    if importlib.util.find_spec("channels_presence") is None:
+        pytest.skip("django-channels-presence-4-0 is installed by `make bench*` only (bench/requirements.txt)")
+    results = smoke(tmp_path, "--only", "notify", "behaviours")
+    assert set(results) == PEER_KEYS
+    assert not_numbers(results) == {}
+    # The peer really ran: its watchers saw transitions, and a reconnect showed them two frames.
+    assert results["peer.notify.p50_ms"] > 0
+    assert results["peer.reconnect_flicker_frames"] > 0 and results["reconnect_flicker_frames"] == 0
+    assert results["peer.ghost_seconds"] > 0
+    report = (tmp_path / "latest.md").read_text()
+    assert "| online seen by a watcher, p50 ms" in report

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import (
+from bench.harness import (
     CHURN_TIMINGS,
     PEER_HEARTBEAT_S,
     LoadGen,

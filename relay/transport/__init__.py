@@ -10,6 +10,6 @@ reaches into another library's internals.
 - `hiredis`: redis-py's asyncio connections packing commands in C, as its blocking ones do.
 - `websocket_options`: autobahn options Daphne does not expose (the close handshake's timeout,
   a close frame rather than a dropped connection for an oversize frame).
-- `autobahn_debug`: autobahn's per-connection debug arguments built with `repr`, not `pformat`.
+- `autobahn_debug`: autobahn's per-connection debug line without its pretty-printed settings.
 - `pending_output`: a bound on the output a connection has queued and its client not read.
 """

@@ -10,3 +10,9 @@ import secrets
 os.environ.setdefault("SECRET_KEY", "tests-" + secrets.token_urlsafe(48))
 
 from relay.settings import *  # noqa: F403
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":  # noqa: F405
+    # channels.testing's communicators switch off Channels' per-call connection cleanup, so the
+    # in-process tests would never hand pooled connections back. Unpooled, a finished test's
+    # worker threads take theirs with them. Live instances run relay.settings, with the pool.
+    DATABASES["default"]["OPTIONS"].pop("pool")  # noqa: F405

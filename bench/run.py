@@ -914,14 +914,18 @@ PHASES = (
 )
 
 
-def peer_ratios(results: dict) -> dict:
+def peer_ratios(results: dict, sizes: Sizes) -> dict:
     """Relay against the peer, from keys the phases wrote (those that ran)."""
     ratios = {}
-    if results.get("peer.transitions.max_per_s") and "transitions.max_per_s" in results:
-        ratios["ratio.transitions_vs_peer"] = round(
-            results["transitions.max_per_s"] / results["peer.transitions.max_per_s"], 3
-        )
+    relay, peer = results.get("transitions.max_per_s"), results.get("peer.transitions.max_per_s")
+    if relay is not None and peer:
+        ratios["ratio.transitions_vs_peer"] = round(relay / peer, 3)
         ratios["_spread:ratio.transitions_vs_peer"] = "one climb each"
+    elif relay is not None and peer == 0:
+        # The peer held none of its rates: against the lowest one tried, the ratio is a floor.
+        lowest = sizes.peer_churn_rates[0]
+        ratios["ratio.transitions_vs_peer"] = round(relay / lowest, 3)
+        ratios["_spread:ratio.transitions_vs_peer"] = f"a floor: the peer held none of its rates ({lowest}/s lowest)"
     return ratios
 
 
@@ -1010,7 +1014,7 @@ def main() -> int:
         if fresh("paced"):
             results.update(compare.phase_paced(world, workdir, sizes))
         if with_peer:
-            results.update(peer_ratios(results))
+            results.update(peer_ratios(results, sizes))
         redis_client.close()
     context = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),

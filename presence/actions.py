@@ -22,13 +22,12 @@ from django.conf import settings
 
 from presence.clock import Clock, LoopClock, Timer
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
+from presence.queries import channel_ids_of_member
 from presence.store import REAP_BATCH, PresenceStore, Timings, member, record_failure, split_member
 from relay import metrics
 from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
 from relay.logging import log_event
-from relay.models import User
-from relay.queries import channel_ids_of_user
 from relay.registry import Connection
 
 logger = logging.getLogger("presence")
@@ -101,15 +100,9 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
     log_event(logger, "presence.suppressed", user=user_id, state=state, reason=reason)
 
 
-def channel_ids_now(environment_id: str, user_id: str) -> set[str]:
-    """The channel ids of one tenant's user, read from the database now (empty when unknown)."""
-    user = User.objects.filter(environment_id=environment_id, external_id=user_id).only("pk").first()
-    return channel_ids_of_user(user.pk) if user else set()
-
-
 # Not in the thread every other database call shares (thread_sensitive): a write stuck there
 # (a message.send behind a locked database) would hold up every `offline` of the instance.
-read_channel_ids = database_sync_to_async(channel_ids_now, thread_sensitive=False)
+read_channel_ids = database_sync_to_async(channel_ids_of_member, thread_sensitive=False)
 
 
 class PresenceService:

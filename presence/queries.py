@@ -17,6 +17,21 @@ _MEMBERSHIP = Membership._meta.db_table
 _CHANNEL = Channel._meta.db_table
 
 
+def channel_ids_of_member(environment_id: str, external_id: str) -> set[str]:
+    """The channel ids of one tenant's user, by their external id (empty when unknown): one query.
+
+    Every grace check reads it, so it is not built through the ORM, whose query compiling cost
+    several times the read itself.
+    """
+    sql = (
+        f'SELECT m."channel_id" FROM "{_MEMBERSHIP}" m JOIN "{_USER}" u ON u."id" = m."user_id" '
+        f'WHERE u."environment_id" = %s AND u."external_id" = %s'
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [db_uuid(environment_id, cursor.db), external_id])
+        return {uuid_text(channel_id) for (channel_id,) in cursor.fetchall()}
+
+
 def members_of_channels(channel_ids: Collection[str]) -> dict[str, tuple[str, set[str]]]:
     """Each channel's environment id and its members' external ids; unknown channels are left out.
 

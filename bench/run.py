@@ -765,14 +765,8 @@ def machine() -> dict:
 
 # At the bench timings (CHURN_TIMINGS): TTL + grace + 2 x refresh.
 REAP_BOUND_MS = 3000 + 300 + 2 * 1000
+# What is judged; everything else is a reported number.
 TARGETS = {
-    "idle.connections": (">=", 10_000),
-    "idle.rss_kb_per_connection": ("<=", 40),
-    "idle.cpu_pct_per_1k": ("<=", 5),
-    "notify.p50_ms": ("<=", 10),
-    "notify.p99_ms": ("<=", 50),
-    "fanout.frames_per_s": (">=", 10_000),
-    "redis.commands_per_connect": ("<=", 7),
     # The default bound (RELAY_MAX_PENDING_BYTES, 4 MiB) plus 8.
     "slow_reader.rss_growth_mb": ("<=", 12),
     "slow_reader.healthy_delivered_ratio": (">=", 1.0),

@@ -809,8 +809,10 @@ def side_by_side(results: dict) -> list[str]:
     return ["| | Relay | peer |", "|---|---|---|", *(f"| {what} | {a} | {b} |" for what, a, b in rows)]
 
 
-def results_table(results: dict) -> list[str]:
+def results_table(results: dict, judged_only: bool = False) -> list[str]:
     public = {key: value for key, value in results.items() if not key.startswith("_")}
+    if judged_only:
+        public = {key: value for key, value in public.items() if key in TARGETS}
     lines = ["| key | value | spread | target |", "|---|---|---|---|"]
     return lines + [
         f"| `{key}` | {value} | {results.get(f'_spread:{key}', '')} | {verdict(key, value)} |"
@@ -884,7 +886,9 @@ def refresh_docs(results: dict, context: dict) -> None:
         "",
         *side_by_side(results),
         "",
-        *results_table(results),
+        *results_table(results, judged_only=True),
+        "",
+        "Every other key, the spreads and the supporting numbers: `bench/results/latest.md`.",
         DOCS_END,
     ]
     head, rest = text.split(DOCS_START, 1)

@@ -1,4 +1,4 @@
-"""Presence's reads of the database, in plain SQL: channels' members, for snapshots and announcements.
+"""Presence's reads of the database, in plain SQL: channels' members and a user's channels.
 
 A connect's snapshot needs the members of every channel of the user; read for a whole batch of
 connects at once (the connects' shared database hop, `PresenceExtension.load`), one query.

@@ -124,6 +124,18 @@ def http(method: str, url: str, body: Any = None, api_key: str | None = None) ->
     return status, (json.loads(raw) if raw else None)
 
 
+def status_of(url: str, bearer: str | None = None) -> int:
+    """GET `url` (with a bearer token, if given) and return only the status: any body, JSON or not."""
+    request = urllib.request.Request(url)
+    if bearer:
+        request.add_header("Authorization", f"Bearer {bearer}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 @dataclass
 class Instance:
     """One real Daphne process serving relay.asgi:application."""

@@ -4,25 +4,11 @@ Linh connects and talks, a stranger's forged and unknown-user tokens are refused
 sends a token in a plain HTTP request's query string: none of those tokens may be in the output.
 """
 
-import urllib.error
-import urllib.request
-
 import pytest
 
 from relay.serve import WithoutQueryStrings
 from tests.chat_helpers import send_payload
-from tests.support import WAIT, WsClient, connect, timings
-
-
-def status_of(url: str, bearer: str | None = None) -> int:
-    request = urllib.request.Request(url)
-    if bearer:
-        request.add_header("Authorization", f"Bearer {bearer}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
+from tests.support import WAIT, WsClient, connect, status_of, timings
 
 
 def secrets_in(text: str, tokens: list[str]) -> list[str]:

@@ -6,14 +6,12 @@ and a stranger on the network with neither.
 
 import contextlib
 import socket
-import urllib.error
-import urllib.request
 
 import pytest
 from django.test import Client
 
 from devtools.embedded_redis import free_port
-from tests.support import http, timings
+from tests.support import http, status_of, timings
 
 STRANGER = "203.0.113.7"
 TOKEN = "scrape-me-0123456789abcdef"
@@ -64,17 +62,6 @@ def _outward_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def _get(url: str, token: str | None = None) -> int:
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
 @pytest.mark.live
 def test_a_live_instance_serves_metrics_to_loopback_and_refuses_the_network(live_instances):
     address = _outward_address()
@@ -84,15 +71,15 @@ def test_a_live_instance_serves_metrics_to_loopback_and_refuses_the_network(live
     public = free_port()
     args = ("-e", f"tcp:port={public}:interface=0.0.0.0")
     (gw,) = live_instances(1, args=args, ALLOWED_HOSTS=f"127.0.0.1,{address}", **timings())
-    assert _get(f"{gw.http_url}/metrics") == 200
-    assert _get(f"http://{address}:{public}/metrics") == 403
-    assert _get(f"http://{address}:{public}/healthz") == 200
+    assert status_of(f"{gw.http_url}/metrics") == 200
+    assert status_of(f"http://{address}:{public}/metrics") == 403
+    assert status_of(f"http://{address}:{public}/healthz") == 200
 
 
 @pytest.mark.live
 def test_a_live_instance_with_a_token_wants_it_even_from_loopback(live_instances):
     (gw,) = live_instances(1, RELAY_METRICS_TOKEN=TOKEN, **timings())
-    assert _get(f"{gw.http_url}/metrics", TOKEN) == 200
-    assert _get(f"{gw.http_url}/metrics") == 401
-    assert _get(f"{gw.http_url}/metrics", "guess") == 403
+    assert status_of(f"{gw.http_url}/metrics", TOKEN) == 200
+    assert status_of(f"{gw.http_url}/metrics") == 401
+    assert status_of(f"{gw.http_url}/metrics", "guess") == 403
     assert http("GET", f"{gw.http_url}/readyz")[0] == 200

@@ -621,9 +621,13 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
                     conn.t_ack + slack,
                 )
 
-    # Live delivery: every member's connection open around an ack got the message.
+    # Live delivery: every member's connection open around an ack got the message (a resend's ack
+    # answers the first send's message: the first ack is when it was stored).
+    first_acks: dict[tuple[str, int], float] = {}
     for when, _, payload in history.acks:
-        channel, seq = payload["channel"], payload["seq"]
+        key = (payload["channel"], payload["seq"])
+        first_acks[key] = min(when, first_acks.get(key, when))
+    for (channel, seq), when in first_acks.items():
         tenant = history.channel_tenant.get(channel)
         if tenant is None or history.global_fault(when - slack, when + slack):
             continue

@@ -7,6 +7,7 @@ restart that loses every key is exactly what the tests need to be able to do.
 """
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -115,6 +116,16 @@ class EmbeddedRedis:
             self._process.kill()
             self._process.wait()
         self._process = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP), as a host that stops scheduling it: sockets stay open, nothing answers."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT); its keys' TTLs ran on meanwhile."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def close(self) -> None:
         """Stop the server and remove its working directory."""

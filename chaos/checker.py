@@ -65,6 +65,8 @@ class Violation:
     invariant: str
     summary: str
     excerpt: list[dict] = field(default_factory=list)
+    # (which records, from, to): the excerpt, read from the history only for the violations kept.
+    scope: tuple[Callable[[dict], bool], float, float] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -406,6 +408,22 @@ def check_convergence(history: History) -> tuple[list[Violation], int]:
         if history.global_fault(sample - timings.converge, sample):
             continue
         window = (sample - timings.settle, sample)
+        # Per tenant and channel, the members whose presence every co-member must know by now.
+        settled: dict[str, dict[str, set[str]]] = {}
+        truth: dict[tuple[str, str], bool] = {}
+        for tenant, world in history.tenants.items():
+            settled[tenant] = defaultdict(set)
+            for user in world["users"]:
+                true_u, unknown_u = history.memberships.channels(tenant, user, sample)
+                if unknown_u or not history.steady(tenant, user, *window):
+                    continue
+                if history.memberships.changed(tenant, user, *window):
+                    continue
+                if history.stalled(sample - timings.converge, sample, user=user):
+                    continue
+                truth[(tenant, user)] = history.online(tenant, user, sample)
+                for channel in true_u:
+                    settled[tenant][channel].add(user)
         for conn in history.conns.values():
             if conn.snapshot_t is None or conn.snapshot_t > sample - 1.0 or conn.t_close <= sample:
                 continue
@@ -416,36 +434,23 @@ def check_convergence(history: History) -> tuple[list[Violation], int]:
             true_w, unknown_w = history.memberships.channels(conn.tenant, conn.user, sample)
             if unknown_w:
                 continue
-            for user in history.tenants[conn.tenant]["users"]:
+            subjects = set().union(*(settled[conn.tenant].get(channel, set()) for channel in true_w))
+            for user in sorted(subjects):
                 if (conn.id, user) in seen:
                     continue
-                true_u, unknown_u = history.memberships.channels(conn.tenant, user, sample)
-                if unknown_u or not (true_w & true_u):
-                    continue
-                if not history.steady(conn.tenant, user, *window):
-                    continue
-                if history.memberships.changed(conn.tenant, user, *window):
-                    continue
-                if history.stalled(sample - timings.converge, sample, user=user):
-                    continue
                 checks += 1
-                truth = history.online(conn.tenant, user, sample)
+                online = truth[(conn.tenant, user)]
                 believed = history.view(conn, user, sample)
-                if truth != believed:
+                if online != believed:
                     seen.add((conn.id, user))
                     violations.append(
                         Violation(
                             "convergence",
                             f"at t={sample:.1f}s connection {conn.id} believed {user} "
                             f"{'online' if believed else 'offline'}, but {user} was "
-                            f"{'online' if truth else 'offline'} and steady for {timings.settle:.1f}s, "
+                            f"{'online' if online else 'offline'} and steady for {timings.settle:.1f}s, "
                             f"with no fault for {timings.converge:.1f}s",
-                            excerpt(
-                                history,
-                                about_user({conn.id}, conn.tenant, user),
-                                sample - 3 * timings.converge,
-                                sample,
-                            ),
+                            scope=(about_user({conn.id}, conn.tenant, user), sample - 3 * timings.converge, sample),
                         )
                     )
     return violations, checks
@@ -477,7 +482,7 @@ def check_no_false_offline(history: History) -> tuple[list[Violation], int]:
                         "no_false_offline",
                         f"at t={when:.2f}s connection {conn.id} was told {user} is offline while {user} "
                         "was connected throughout, with no fault longer than the TTL",
-                        excerpt(history, about_user({conn.id}, conn.tenant, user), when - timings.converge, when),
+                        scope=(about_user({conn.id}, conn.tenant, user), when - timings.converge, when),
                     )
                 )
     return violations, checks
@@ -509,7 +514,7 @@ def check_one_frame_per_transition(history: History) -> tuple[list[Violation], i
                         "one_frame_per_transition",
                         f"connection {conn.id} was told {user} is {state} twice in a row "
                         f"(t={first:.2f}s and t={second:.2f}s)",
-                        excerpt(history, about_user({conn.id}, conn.tenant, user), first - timings.settle, second),
+                        scope=(about_user({conn.id}, conn.tenant, user), first - timings.settle, second),
                     )
                 )
     return violations, checks
@@ -536,7 +541,7 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
     violations, checks = [], 0
 
     def report(conn: Conn, channel: str, summary: str, start: float, end: float) -> None:
-        violations.append(Violation("messages", summary, excerpt(history, _messages_of(conn.id, channel), start, end)))
+        violations.append(Violation("messages", summary, scope=(_messages_of(conn.id, channel), start, end)))
 
     def excused(conn: Conn, channel: str, start: float, end: float) -> bool:
         return bool(
@@ -582,10 +587,24 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
                 seen.add(seq)
                 previous, before = max(seq, previous or 0), when
 
-    # Resumes: the first message of a resumed channel is the one after the cursor.
-    newest_acked: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    # When each message was first acked, per channel in time order; and the highest seq by then.
+    first_acks: dict[tuple[str, int], float] = {}
     for when, _, payload in history.acks:
-        newest_acked[payload["channel"]].append((when, payload["seq"]))
+        key = (payload["channel"], payload["seq"])
+        first_acks[key] = min(when, first_acks.get(key, when))
+    stored_at: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for (channel, seq), when in sorted(first_acks.items(), key=lambda item: item[1]):
+        stored_at[channel].append((when, seq))
+    highest: dict[str, list[int]] = {
+        channel: list(itertools.accumulate((seq for _, seq in stored), max)) for channel, stored in stored_at.items()
+    }
+
+    def stored_before(channel: str, moment: float) -> int:
+        stored = stored_at.get(channel, [])
+        index = bisect.bisect_left([when for when, _ in stored], moment)
+        return highest[channel][index - 1] if index else 0
+
+    # Resumes: the first message of a resumed channel is the one after the cursor.
     for conn in history.conns.values():
         if not conn.cursor or conn.t_ack is None:
             continue
@@ -605,9 +624,9 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
                         conn.t_open,
                         when,
                     )
-            stored_before = max((s for w, s in newest_acked[channel] if w < conn.t_open - slack), default=0)
+            newest = stored_before(channel, conn.t_open - slack)
             if (
-                stored_before > position
+                newest > position
                 and not arrivals
                 and conn.t_close > conn.t_ack + slack
                 and not excused(conn, channel, conn.t_open, conn.t_ack + slack)
@@ -615,7 +634,7 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
                 report(
                     conn,
                     channel,
-                    f"connection {conn.id} resumed {channel} from {position} while seq {stored_before} "
+                    f"connection {conn.id} resumed {channel} from {position} while seq {newest} "
                     "was stored, and was sent none of them",
                     conn.t_open,
                     conn.t_ack + slack,
@@ -623,32 +642,27 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
 
     # Live delivery: every member's connection open around an ack got the message (a resend's ack
     # answers the first send's message: the first ack is when it was stored).
-    first_acks: dict[tuple[str, int], float] = {}
-    for when, _, payload in history.acks:
-        key = (payload["channel"], payload["seq"])
-        first_acks[key] = min(when, first_acks.get(key, when))
-    for (channel, seq), when in first_acks.items():
-        tenant = history.channel_tenant.get(channel)
-        if tenant is None or history.global_fault(when - slack, when + slack):
-            continue
+    for channel, stored in stored_at.items():
+        times = [when for when, _ in stored]
         for conn in history.conns.values():
-            if conn.tenant != tenant or conn.snapshot_t is None:
+            if conn.tenant != history.channel_tenant.get(channel) or conn.snapshot_t is None:
                 continue
-            if conn.snapshot_t > when - slack or conn.t_close < when + slack:
-                continue
-            true, _ = history.memberships.channels(tenant, conn.user, when)
-            if channel not in true or excused(conn, channel, when, when):
-                continue
-            checks += 1
-            if seq not in received.get((conn.id, channel), set()):
-                report(
-                    conn,
-                    channel,
-                    f"connection {conn.id} of a member was open around the ack of seq {seq} of {channel} "
-                    f"(t={when:.2f}s) and never got it",
-                    when - slack,
-                    when + slack,
-                )
+            low = bisect.bisect_left(times, conn.snapshot_t + slack)
+            high = bisect.bisect_right(times, conn.t_close - slack)
+            for when, seq in stored[low:high]:
+                true, _ = history.memberships.channels(conn.tenant, conn.user, when)
+                if channel not in true or excused(conn, channel, when, when):
+                    continue
+                checks += 1
+                if seq not in received.get((conn.id, channel), set()):
+                    report(
+                        conn,
+                        channel,
+                        f"connection {conn.id} of a member was open around the ack of seq {seq} of {channel} "
+                        f"(t={when:.2f}s) and never got it",
+                        when - slack,
+                        when + slack,
+                    )
     return violations, checks
 
 
@@ -709,7 +723,7 @@ def check_walls_and_reach(history: History) -> tuple[list[Violation], list[Viola
                             "reach",
                             f"connection {conn.id} ({conn.user}) got {kind} about {user}, "
                             "with whom it shared no channel",
-                            excerpt(history, about_user({conn.id}, conn.tenant, user), when - 10, when),
+                            scope=(about_user({conn.id}, conn.tenant, user), when - 10, when),
                         )
                     )
         elif kind == "message.created":
@@ -720,7 +734,7 @@ def check_walls_and_reach(history: History) -> tuple[list[Violation], list[Viola
                     Violation(
                         "reach",
                         f"connection {conn.id} ({conn.user}) got a message of {channel}, not one of its channels",
-                        excerpt(history, _messages_of(conn.id, channel), when - 10, when),
+                        scope=(_messages_of(conn.id, channel), when - 10, when),
                     )
                 )
     return walls, reach, wall_checks, reach_checks
@@ -766,6 +780,10 @@ def check(records: list[dict]) -> Report:
     results["reach"] = (reach, reach_checks)
     results["no_traceback"] = check_no_traceback(history)
     violations = [v for name in INVARIANTS for v in results[name][0][:KEEP_PER_INVARIANT]]
+    for violation in violations:
+        if violation.scope is not None:
+            violation.excerpt = excerpt(history, *violation.scope)
+            violation.scope = None
     faults: dict[str, int] = defaultdict(int)
     for fault in history.faults:
         faults[fault.kind] += 1

@@ -2,8 +2,9 @@
 
 Record kinds (field `k`):
 
-- `meta`: the seed, the presence timings, the command that replays the run, and the world:
-  each tenant's users and channels and the memberships at the start.
+- `meta`: the seed, the wall-clock time the run began (`wall`), the presence timings, the command
+  that replays the run, and the world: each tenant's users and channels and the memberships at
+  the start.
 - `open` / `close`: a client's connection attempt (`conn`, `tenant`, `user`, `instance`, `cursor`)
   and its end (`code`, `by`: `client` when the client closed it, `server` when it saw a close,
   `error` when the attempt failed).
@@ -29,6 +30,8 @@ class HistoryWriter:
         self.path = path
         self._file: IO[str] = path.open("w")
         self._origin = time.monotonic()
+        # The wall clock at the origin, to find a moment of the history in the instances' logs.
+        self.wall_origin = time.time()
         self.count = 0
 
     def now(self) -> float:

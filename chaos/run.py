@@ -63,6 +63,7 @@ def run_seed(seed: int, minutes: float, users: int, out: Path) -> checker.Report
         history.write(
             "meta",
             seed=seed,
+            wall=history.wall_origin,
             minutes=minutes,
             users=users,
             replay=replay_command(seed, minutes, users),

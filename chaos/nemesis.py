@@ -60,7 +60,8 @@ class Nemesis:
             deployment.redis.resume()
             return None
         if kind == "proxy_delay":
-            await asyncio.to_thread(deployment.proxy.command, f"delay {rng.uniform(0.02, TTL / 10):.3f}")
+            # Each way: a round trip stays under presence's fail-fast timeout (presence/store.py).
+            await asyncio.to_thread(deployment.proxy.command, f"delay {rng.uniform(0.02, 0.2):.3f}")
             await asyncio.sleep(rng.uniform(1.0, 5.0))
             await asyncio.to_thread(deployment.proxy.command, "pass")
             return None

@@ -146,9 +146,44 @@ def test_a_gap_in_live_messages_is_caught():
 
     assert report.found["messages"] == 2
     assert [violation.summary for violation in report.violations] == [
-        "connection a/u1#0.1 got seq 3 of ca right after 1: 2..2 never arrived",
+        "connection a/u1#0.1 got seqs 1 and 3 of ca, and never 2..2",
         "connection a/u1#0.1 of a member was open around the ack of seq 2 of ca (t=11.05s) and never got it",
     ]
+
+
+def test_live_messages_out_of_seq_order_are_counted_but_allowed():
+    # Sent through different instances, two live messages race on the channel layer; the contract
+    # orders a resume's backlog only, and clients put live ones in order.
+    delivered_at = {2: 12.06, 3: 11.06}
+    swapped = []
+    for record in clean():
+        if record["k"] == "recv" and record["conn"] == "a/u1#0.1" and record["frame"]["type"] == "message.created":
+            seq = record["frame"]["payload"]["seq"]
+            record = {**record, "t": delivered_at.get(seq, record["t"])}
+        swapped.append(record)
+    swapped.sort(key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+
+    report = checker.check(swapped)
+
+    assert report.found["messages"] == 0
+    assert report.operations["live_reorders"] == 1
+
+
+def test_a_resume_whose_backlog_comes_after_a_live_message_is_caught():
+    # u2 resumed from 0 after seq 1 was stored; a live seq 2 overtook the backlog.
+    records = [
+        {**record, "cursor": {"ca": 0}} if record["k"] == "open" and record["conn"] == "a/u2#0.2" else record
+        for record in clean()
+    ]
+    records += [
+        recv(10.12, "a/u2#0.2", "message.created", id="mz", channel="ca", seq=9, user="u1", text="hi"),
+        recv(10.13, "a/u2#0.2", "message.created", id="m1", channel="ca", seq=1, user="u2", text="hi"),
+    ]
+    records.sort(key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+
+    summaries = [violation.summary for violation in checker.check(records).violations]
+
+    assert any("not in seq order before live messages" in summary for summary in summaries), summaries
 
 
 def test_a_message_delivered_twice_is_caught():

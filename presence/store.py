@@ -155,7 +155,9 @@ redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
 local reply = {1, won}
 local prefix = 'presence:' .. ARGV[6] .. ':'
 for i = 10 + 2 * tonumber(ARGV[9]), #ARGV do
-  if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
+  -- Online as watchers were last told: the key, or a departure not yet decided (a standing
+  -- deadline) whose key already expired. A user back in that window publishes nothing.
+  if redis.call('EXISTS', prefix .. ARGV[i]) == 1 or redis.call('ZSCORE', KEYS[4], ARGV[6] .. ':' .. ARGV[i]) then
     table.insert(reply, ARGV[i])
   end
 end
@@ -573,14 +575,32 @@ class PresenceStore:
         return Reaped(due=int(reply[0]), decided=decided)
 
     async def online(self, environment_id: str, user_ids: Sequence[str]) -> list[str] | None:
-        """Return which of the environment's `user_ids` are online now, in one MGET."""
+        """Return which of the environment's `user_ids` are online as watchers were last told, in one round trip.
+
+        That is their key, or a standing deadline: a departure not yet decided (the key re-pinned to
+        the grace expired before the check, or a dead instance's before the reaper) still reads
+        online, as the ADMIT script's snapshot does.
+        """
         if not user_ids:
             return []
         keys = [presence_key(environment_id, user_id) for user_id in user_ids]
-        values = await self.call("snapshot", lambda: self.client.mget(keys))
-        if values is None:
+        names = [member(environment_id, user_id) for user_id in user_ids]
+
+        async def work() -> list:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.mget(keys)
+                pipe.zmscore(DEADLINES, names)
+                return await pipe.execute()
+
+        replies = await self.call("snapshot", work)
+        if replies is None:
             return None
-        return [user_id for user_id, value in zip(user_ids, values, strict=True) if value is not None]
+        values, deadlines = replies
+        return [
+            user_id
+            for user_id, value, deadline in zip(user_ids, values, deadlines, strict=True)
+            if value is not None or deadline is not None
+        ]
 
     async def forget_connections(self, held: Sequence[tuple[tuple[str, str], Sequence[str]]]) -> None:
         """Free the slots of connections an instance drops as it shuts down, in one round trip."""

@@ -1,0 +1,88 @@
+"""A snapshot says what watchers were last told, also while a departure is still undecided.
+
+A user's presence key can be gone before anyone has decided they left: a close re-pins the key
+to the grace and the grace check runs a margin later; a dead instance's key expires after the
+TTL and the reaper decides a grace later. A user who comes back in that window publishes nothing
+(watchers last heard `online`), so a watcher who connected in it must have had them in its
+snapshot, or "snapshot + changes ends with the true state" (docs/contract.md) fails for good.
+
+The cast (tests/conftest.py): in acme, linh and tuan share "fleet" and "general"; linh watches.
+"""
+
+import pytest
+
+from presence import actions
+from presence.store import presence_key
+from tests.support import add_channel, barrier, close_all, connect, http, logged, timings, until
+
+pytestmark = pytest.mark.live
+
+
+def view(client) -> set[str]:
+    """The client's idea of who is online: its snapshot, then every change in order."""
+    online = set(client.of_type("presence.snapshot")[0]["online"])
+    for change in client.changes():
+        (online.add if change["state"] == "online" else online.discard)(change["user"])
+    return online
+
+
+async def test_a_watcher_connecting_between_the_grace_and_its_check_sees_a_user_who_returns(
+    live_instances, acme, redis_client
+):
+    # A margin far longer than the steps below holds the window open: the key dies at the grace,
+    # the check runs at grace + margin.
+    [gateway] = live_instances(1, **timings(grace=300, margin=8000))
+    tuan = await connect(gateway, acme, "tuan")
+    await tuan.close()
+    await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
+
+    linh = await connect(gateway, acme, "linh")
+    back = await connect(gateway, acme, "tuan")
+    await logged(gateway, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
+    probe = await barrier(gateway, acme, [linh])
+
+    assert "tuan" in linh.of_type("presence.snapshot")[0]["online"]
+    assert "tuan" in view(linh)
+    assert linh.changes("tuan") == []
+    await close_all(linh, back, probe)
+
+
+async def test_a_watcher_connecting_after_a_dead_instances_key_expired_sees_a_user_who_returns(
+    live_instances, acme, redis_client
+):
+    # A grace long enough that both connects land before the reaper decides (last refresh + TTL + grace).
+    a, b = live_instances(2, **timings(grace=8000))
+    tuan = await connect(b, acme, "tuan")
+    b.kill()
+    await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
+
+    linh = await connect(a, acme, "linh")
+    back = await connect(a, acme, "tuan")
+    await logged(a, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
+    probe = await barrier(a, acme, [linh])
+
+    assert "tuan" in view(linh)
+    assert linh.changes("tuan") == []
+    await close_all(linh, back, probe, tuan)
+
+
+async def test_a_member_added_between_the_grace_and_its_check_is_told_of_a_user_who_returns(
+    live_instances, acme, redis_client
+):
+    # The same window, reached through a membership: hermit joins a channel of tuan's while tuan's
+    # departure is undecided, then tuan returns and publishes nothing.
+    [gateway] = live_instances(1, **timings(grace=300, margin=8000))
+    await add_channel(acme, "huddle", "private", ("tuan",))
+    hermit = await connect(gateway, acme, "hermit")
+    tuan = await connect(gateway, acme, "tuan")
+    await tuan.close()
+    await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
+
+    channel = acme.channels["huddle"].id
+    assert http("PUT", f"{gateway.http_url}/v1/channels/{channel}/members/hermit", api_key=acme.api_key)[0] == 201
+    back = await connect(gateway, acme, "tuan")
+    await logged(gateway, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
+    probe = await barrier(gateway, acme, [hermit], channel="huddle")
+
+    assert "tuan" in view(hermit)
+    await close_all(hermit, back, probe)

@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 DEADLINES = "presence:deadlines"
 # Long enough to fail over to a dead peer, short enough that a dead store is noticed on the
-# call that hit it rather than after a queue of them (seed 004: "fail fast rather than queue").
+# call that hit it rather than after a queue of them (docs/presence.md, Failure behaviour).
 TIMEOUT_SECONDS = 0.5
 # How many due deadlines one REAP script takes: a pass runs scripts until fewer are due, and
 # one script of this size holds Redis for a few milliseconds.
@@ -165,7 +165,7 @@ return reply
 
 # KEYS: conns, key, epoch. ARGV: connection id, grace, "1" when it was the user's last local
 # connection, fresh epoch. Frees the slot; on the last local close re-pins the key to the grace
-# (seed 004, R2a): without it the key dies at last refresh + TTL, possibly before the grace
+# (docs/presence.md, The races: the re-pin): without it the key dies at last refresh + TTL, possibly before the grace
 # ends, and a reconnect in that gap wins the election and publishes a second `online` for a user
 # who never left. Returns the epoch, which the grace check compares with its own.
 RELEASE = (
@@ -392,7 +392,7 @@ class Timings:
 
     @property
     def check_delay(self) -> int:
-        """When the grace check runs after a close: never on the grace itself (seed 004, R2b)."""
+        """When the grace check runs after a close: never on the grace itself (docs/presence.md, The races: the margin)."""
         return self.grace + self.margin
 
     @property

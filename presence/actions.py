@@ -118,6 +118,8 @@ class PresenceService:
         # Resolved when the refresh in flight (if any) has been answered by Redis.
         self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
+        # Resolved by the next refresh Redis answers (`next_answer`).
+        self._answered: asyncio.Future | None = None
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(self, conn: Connection, watch: Sequence[str]) -> list[str] | None:
@@ -268,6 +270,12 @@ class PresenceService:
         if subject not in self.pending and subject not in self.held and not self.closed:
             self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin)
 
+    def next_answer(self) -> asyncio.Future:
+        """Resolved when a refresh next gets Redis's answer (what a failed snapshot's repair waits for)."""
+        if self._answered is None or self._answered.done():
+            self._answered = asyncio.get_running_loop().create_future()
+        return self._answered
+
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
         if self.closed:
@@ -317,6 +325,8 @@ class PresenceService:
             self._refreshing = None
         if reply is None:
             return
+        if self._answered is not None and not self._answered.done():
+            self._answered.set_result(None)
         vanished, unwritten = reply
         for _, held, _, channels in snapshot.values():
             held.written = channels

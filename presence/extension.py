@@ -1,5 +1,6 @@
 """How presence plugs into every connection: the registry extension and the transition handler."""
 
+import asyncio
 import functools
 from collections.abc import Sequence
 
@@ -8,6 +9,7 @@ from presence.delivery import STATE_KEY
 from presence.fabric import TRANSITION, Dedup, group_name, parse_transition
 from relay import registry
 from relay.frames import PresenceChanged, PresenceSnapshot
+from relay.layer import channel_layer
 from relay.models import User
 from relay.registry import Connection
 
@@ -16,6 +18,10 @@ registry.sends("presence.changed", PresenceChanged)
 
 # Who of the co-members was online at the election, read in its round trip; sent after the ack.
 SNAPSHOT_KEY = "presence.snapshot"
+# The task that, once Redis answers again, repairs a snapshot Redis could not read.
+REPAIR_TASK_KEY = "presence.repair"
+# The event, on the connection's own queue, that does the repair.
+REPAIR = "presence.repair"
 
 
 class PresenceExtension(registry.Extension):
@@ -42,16 +48,23 @@ class PresenceExtension(registry.Extension):
         watch = conn.loaded.get(self)
         online = await actions.service().connect(conn, watch or ())
         if watch is not None:
-            conn.state[SNAPSHOT_KEY] = sorted(online or [])
+            # None: Redis did not answer the election (nor so the snapshot's read).
+            conn.state[SNAPSHOT_KEY] = None if online is None else sorted(online)
 
     async def opened(self, conn: Connection) -> None:
-        online = conn.state.pop(SNAPSHOT_KEY, None)
-        if online is None:
+        if SNAPSHOT_KEY in conn.state:
+            online = conn.state.pop(SNAPSHOT_KEY)
+        else:
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
-        await conn.send_frame("presence.snapshot", PresenceSnapshot(online=online))
+        await conn.send_frame("presence.snapshot", PresenceSnapshot(online=online or []))
         # Last: a transition written straight to the socket must come after the snapshot.
         delivery.fanout().live(conn)
+        if online is None:
+            # Redis did not answer: the snapshot went out empty, and no transition would ever
+            # tell this watcher about co-members who stay online (docs/contract.md, "Fair under
+            # load and faults"). They are sent as `online`s once Redis answers.
+            conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn))
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
         await reads.announce_new_co_members(conn, channel_id)
@@ -60,6 +73,8 @@ class PresenceExtension(registry.Extension):
         # Membership changes need nothing more: the consumer follows them with the groups, and the
         # grace check reads the user's channels when it decides.
         delivery.fanout().gone(conn)
+        if repair := conn.state.pop(REPAIR_TASK_KEY, None):
+            repair.cancel()
         await actions.service().disconnect(conn)
 
 
@@ -68,3 +83,24 @@ async def presence_transition(conn: Connection, message: dict) -> None:
     """A transition queued for this connection (behind what the connection had queued, or before
     it was live): delivered as `Fanout` delivers the others."""
     await delivery.deliver(conn, message, functools.partial(parse_transition, message))
+
+
+async def _repair_when_redis_answers(conn: Connection) -> None:
+    await actions.service().next_answer()
+    # From here on the connection's transitions queue behind the repair, which reads after them.
+    delivery.fanout().gone(conn)
+    channel_layer().send_local(conn.channel_name, {"type": REPAIR})
+
+
+@registry.event(REPAIR)
+async def presence_repair(conn: Connection, message: dict) -> None:
+    """Tell a connection whose snapshot Redis could not read who is online now, then deliver to it directly again.
+
+    A co-member who came online since the empty snapshot may be told twice; one who left was told.
+    """
+    online = await reads.snapshot(conn)
+    if online is None:
+        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn))
+    for user_id in online or ():
+        await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    delivery.fanout().live(conn)

@@ -101,19 +101,18 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
         await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
 
 
-async def snapshot(conn: Connection) -> list[str]:
-    """Who among the connection's co-members (and the user) is online now, sorted.
+async def snapshot(conn: Connection) -> list[str] | None:
+    """Who among the connection's co-members (and the user) is online now, sorted; None when Redis did not answer.
 
-    The fallback for a connection whose co-members the connect's database hop could not read
-    (normally the election's own round trip reads them: presence/extension.py). The connection
-    joined its presence groups in `admit`, before this read, so a transition racing the snapshot
-    is queued behind it and applied after it: snapshot + changes converge. With the presence
-    Redis down the snapshot is empty (and the failure logged): the socket still opens, and the
-    next transitions fill it in.
+    The connection's first snapshot when the connect's database hop could not read its
+    co-members (normally the election's own round trip reads them: presence/extension.py), and
+    the repair of one Redis could not read. The connection joined its presence groups before
+    this read, so a transition racing it is queued behind it and applied after it: snapshot +
+    changes converge.
     """
     candidates = await co_members(conn.environment_id, conn.user_id, set(conn.channel_ids))
     online = await actions.service().store.online(conn.environment_id, candidates)
-    return sorted(online or [])
+    return None if online is None else sorted(online)
 
 
 def online_in_channel(channel: Channel) -> list[str] | None:

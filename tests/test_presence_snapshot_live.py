@@ -11,6 +11,7 @@ The cast (tests/conftest.py): in acme, linh and tuan share "fleet" and "general"
 
 import pytest
 
+from devtools.embedded_redis import EmbeddedRedis
 from presence import actions
 from presence.store import presence_key
 from tests.support import add_channel, barrier, close_all, connect, http, logged, timings, until
@@ -86,3 +87,27 @@ async def test_a_member_added_between_the_grace_and_its_check_is_told_of_a_user_
 
     assert "tuan" in view(hermit)
     await close_all(hermit, back, probe)
+
+
+async def test_a_watcher_that_connected_while_presence_redis_was_down_learns_who_is_online_once_it_returns(
+    live_instances, acme
+):
+    # docs/contract.md, "Fair under load and faults": after an outage every watcher's view equals
+    # the truth. linh's snapshot could not be read; tuan stays connected throughout, so no
+    # transition of his would ever tell her.
+    presence_redis = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+        tuan = await connect(b, acme, "tuan")
+        presence_redis.stop()
+        linh = await connect(a, acme, "linh")
+        await logged(a, "presence.failed", op="admit")
+        assert linh.of_type("presence.snapshot") == [{"online": []}]
+
+        presence_redis.start()
+        await linh.wait_for(lambda client: "tuan" in view(client))
+
+        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(linh, tuan)
+    finally:
+        presence_redis.close()

@@ -39,15 +39,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of faults and operations per seed")
     parser.add_argument("--users", type=int, default=200, help="simulated users over both tenants")
     parser.add_argument("--out", type=Path, default=Path("var/chaos"), help="where each seed's run is kept")
+    parser.add_argument("--faults", help="the fault kinds the nemesis picks from, comma-separated (default: all)")
     parser.add_argument("--results", type=Path, help="the summary (default bench/results/chaos-latest.json)")
     args = parser.parse_args(argv)
     prepare_environment()
     from chaos import checker
+    from chaos.nemesis import FAULTS
     from chaos.run import RESULTS, run_seed, say, summarize
 
+    faults = tuple(args.faults.split(",")) if args.faults else FAULTS
+    if unknown := set(faults) - set(FAULTS):
+        parser.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
     reports = []
     for seed in range(args.seed, args.seed + args.seeds):
-        report = run_seed(seed, args.minutes, args.users, args.out)
+        report = run_seed(seed, args.minutes, args.users, args.out, faults)
         reports.append(report)
         if report.violations:
             print(checker.describe(report, str(args.out / str(seed))))

@@ -22,8 +22,16 @@ FAULTS = (
 
 
 class Nemesis:
-    def __init__(self, seed: int, deployment: Deployment, population: Population, history: HistoryWriter) -> None:
+    def __init__(
+        self,
+        seed: int,
+        deployment: Deployment,
+        population: Population,
+        history: HistoryWriter,
+        kinds: tuple[str, ...] = FAULTS,
+    ) -> None:
         self.rng = random.Random(f"{seed}:nemesis")
+        self.kinds = kinds
         self.deployment = deployment
         self.population = population
         self.history = history
@@ -36,7 +44,7 @@ class Nemesis:
             await pause(quiet, self.rng.uniform(2.0, 16.0))
             if quiet.is_set():
                 return
-            kind = self.rng.choice(FAULTS)
+            kind = self.rng.choice(self.kinds)
             started = self.history.now()
             target = await self.inject(kind)
             self.history.write("fault", t=started, t_end=self.history.now(), fault=kind, target=target)

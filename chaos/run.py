@@ -12,7 +12,7 @@ from chaos import checker
 from chaos.clients import Population
 from chaos.deploy import SLACK_S, Deployment, Tenant, timings_ms
 from chaos.history import HistoryWriter, read
-from chaos.nemesis import Nemesis
+from chaos.nemesis import FAULTS, Nemesis
 from tests.support import BASE_DIR
 
 RESULTS = BASE_DIR / "bench" / "results" / "chaos-latest.json"
@@ -22,16 +22,22 @@ def say(message: str) -> None:
     print(f"chaos: {message}", file=sys.stderr, flush=True)
 
 
-def replay_command(seed: int, minutes: float, users: int) -> str:
-    return f"python -m chaos --seed {seed} --minutes {minutes:g} --users {users}"
+def replay_command(seed: int, minutes: float, users: int, faults: tuple[str, ...]) -> str:
+    command = f"python -m chaos --seed {seed} --minutes {minutes:g} --users {users}"
+    return command if faults == FAULTS else f"{command} --faults {','.join(faults)}"
 
 
 async def drive(
-    seed: int, minutes: float, deployment: Deployment, tenants: list[Tenant], history: HistoryWriter
+    seed: int,
+    minutes: float,
+    deployment: Deployment,
+    tenants: list[Tenant],
+    history: HistoryWriter,
+    faults: tuple[str, ...],
 ) -> None:
     """Clients, memberships and the nemesis for `minutes`; then quiet until presence must have settled."""
     population = Population(seed, deployment, tenants, history)
-    nemesis = Nemesis(seed, deployment, population, history)
+    nemesis = Nemesis(seed, deployment, population, history, faults)
     tasks = [asyncio.create_task(slot.run()) for slot in population.slots]
     tasks.append(asyncio.create_task(population.change_memberships()))
     faults = asyncio.create_task(nemesis.run())
@@ -47,7 +53,7 @@ async def drive(
     await population.close_all()
 
 
-def run_seed(seed: int, minutes: float, users: int, out: Path) -> checker.Report:
+def run_seed(seed: int, minutes: float, users: int, out: Path, faults: tuple[str, ...] = FAULTS) -> checker.Report:
     """Run one seed and check its history; everything lands in `out/<seed>/`."""
     directory = out / str(seed)
     shutil.rmtree(directory, ignore_errors=True)
@@ -66,7 +72,7 @@ def run_seed(seed: int, minutes: float, users: int, out: Path) -> checker.Report
             wall=history.wall_origin,
             minutes=minutes,
             users=users,
-            replay=replay_command(seed, minutes, users),
+            replay=replay_command(seed, minutes, users, faults),
             timings=timings_ms(),
             slack_s=SLACK_S,
             tenants={
@@ -76,7 +82,7 @@ def run_seed(seed: int, minutes: float, users: int, out: Path) -> checker.Report
             members=[[tenant.label, channel, user] for tenant in tenants for channel, user in tenant.members],
         )
         say(f"seed {seed}: {sum(len(t.users) for t in tenants)} users; running for {minutes:g} min")
-        asyncio.run(drive(seed, minutes, deployment, tenants, history))
+        asyncio.run(drive(seed, minutes, deployment, tenants, history, faults))
     finally:
         deployment.stop()
         for record in deployment.tracebacks():

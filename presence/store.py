@@ -174,7 +174,9 @@ class PresenceStore:
         started = time.perf_counter()
         try:
             return await work()
-        except (TimeoutError, redis.RedisError, OSError) as error:
+        except (TimeoutError, redis.RedisError, OSError, RuntimeError) as error:
+            # RuntimeError: under uvloop, a write on a connection that a reset has just closed
+            # (before redis-py noticed) raises it instead of a ConnectionError. The same failure.
             record_failure(op, error)
             return None
         finally:

@@ -21,7 +21,7 @@ SEED = 11
 
 def test_a_short_chaos_run_is_clean_and_busy(tmp_path: Path):
     results = tmp_path / "chaos.json"
-    size = ["--minutes", "0.5", "--users", "60"]
+    size = ["--minutes", "0.4", "--users", "60"]
     run = subprocess.run(
         [sys.executable, "-m", "chaos", "--seed", str(SEED), *size, "--out", str(tmp_path), "--results", str(results)],
         cwd=BASE_DIR,

@@ -8,6 +8,7 @@ ended were never said to be offline. The race is narrow: eighty closes meet a re
 """
 
 import asyncio
+from urllib.parse import urlparse
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -30,8 +31,8 @@ def add_users(tenant, count: int) -> list[str]:
     return [user.external_id for user in users]
 
 
-async def test_closes_racing_connection_resets_end_in_offlines_and_no_traceback(live_instances, acme, redis_server):
-    proxy = Proxy(redis_server.port)
+async def test_closes_racing_connection_resets_end_in_offlines_and_no_traceback(live_instances, acme, redis_url):
+    proxy = Proxy(urlparse(redis_url).port)
     try:
         [behind] = live_instances(1, **timings(grace=300, RELAY_PRESENCE_REDIS_URL=proxy.url))
         [watching] = live_instances(1, **timings(grace=300))

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
         say(f"seed {seed}: {report.operations}, faults {report.faults}, violations {report.found}")
     results = args.results or RESULTS
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(summarize(reports, args.minutes), indent=2) + "\n")
+    results.write_text(json.dumps(summarize(reports, args.minutes, args.users), indent=2) + "\n")
     return 1 if any(report.violations for report in reports) else 0
 
 

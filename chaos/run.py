@@ -94,7 +94,7 @@ def run_seed(seed: int, minutes: float, users: int, out: Path, faults: tuple[str
     return report
 
 
-def summarize(reports: list[checker.Report], minutes: float) -> dict:
+def summarize(reports: list[checker.Report], minutes: float, users: int) -> dict:
     """What `make chaos` writes to bench/results/chaos-latest.json."""
 
     def total(field: str) -> dict[str, int]:
@@ -107,6 +107,7 @@ def summarize(reports: list[checker.Report], minutes: float) -> dict:
     return {
         "seeds": [report.seed for report in reports],
         "minutes_per_seed": minutes,
+        "users": users,
         "operations": total("operations"),
         "faults": total("faults"),
         "invariants_checked": total("checks"),

@@ -39,6 +39,8 @@ class Slot:
         self.device = device
         self.sessions = 0
         self.ws: websockets.ClientConnection | None = None
+        # The instance the open socket is on (the soak counts each instance's clients).
+        self.instance = ""
         self.conn_id = ""
         self.closing = False
         self.reading = asyncio.Event()
@@ -79,7 +81,7 @@ class Slot:
         except (OSError, TimeoutError, websockets.InvalidHandshake) as error:
             history.write("close", conn=conn_id, code=None, by="error", error=type(error).__name__)
             return
-        self.ws, self.conn_id, self.closing = ws, conn_id, False
+        self.ws, self.conn_id, self.closing, self.instance = ws, conn_id, False, instance.name
         self.reading.set()
         self.reader = asyncio.create_task(self.read(ws, conn_id))
         sent = 0

@@ -7,8 +7,8 @@ and the row count of every database table. After the warm-up (the first 10 minut
 of a shorter run) it judges:
 
 - `soak.rss_slope_mb_per_h`: the steepest instance's least-squares RSS slope (target <= 5);
-- `soak.fd_growth`: open descriptors, the second half's median over the first half's highest,
-  summed over instances (target 0);
+- `soak.fd_growth`: open descriptors less the instance's clients of the moment, the second half's
+  median over the first half's highest, summed over instances (target 0);
 - `soak.redis_keys_growth`: the same for Redis's keys less the users connected at each sample,
   so that churn moving users on and off line is not counted as growth (target 0).
 
@@ -67,7 +67,10 @@ def judge(samples: list[dict], warmup_s: float) -> dict:
         "soak.rss_slope_mb_per_h": round(
             max(slope_per_hour(times, [sample[f"rss_mb.{name}"] for sample in steady]) for name in instances), 2
         ),
-        "soak.fd_growth": round(sum(growth([sample[f"fds.{name}"] for sample in steady]) for name in instances)),
+        # Each client holds one socket: what grows beyond the clients of the moment is a leak.
+        "soak.fd_growth": round(
+            sum(growth([sample[f"fds.{name}"] - sample[f"clients.{name}"] for sample in steady]) for name in instances)
+        ),
         "soak.redis_keys_growth": round(growth([sample["redis_keys"] - sample["live_users"] for sample in steady])),
     }
     figures["passed"] = all(figures[key] <= target for key, target in TARGETS.items())
@@ -102,6 +105,9 @@ def sample(t: float, deployment: "Deployment", population: "Population") -> dict
         pid = instance.process.pid
         row[f"rss_mb.{instance.name}"] = round(rss_kb(pid) / 1024, 2)
         row[f"fds.{instance.name}"] = len(os.listdir(f"/proc/{pid}/fd"))
+        row[f"clients.{instance.name}"] = sum(
+            1 for slot in population.slots if slot.ws is not None and slot.instance == instance.name
+        )
     client = redis.Redis.from_url(deployment.redis.url)
     try:
         row["redis_keys"] = client.dbsize()

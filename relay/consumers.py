@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import uuid
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from relay.batching import GroupCommit
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
 from relay.frames import ConnectionAck, Envelope, ErrorPayload, describe_validation_error
 from relay.logging import log_event
+from relay.loops import PerLoop
 from relay.models import Environment, User
 from relay.queries import channel_ids_of_user, channel_ids_of_users, users_by_external_id
 from relay.tokens import authenticate
@@ -118,16 +118,12 @@ _read_in_worker = database_sync_to_async(_read_connects)
 # worker-thread hop, because the hop itself (the handoff to the thread and back, Django's
 # connection bookkeeping on both sides, the GIL passed between the threads) costs more than the
 # reads in it.
-_connect_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
+_connect_reads = PerLoop(lambda: GroupCommit(_read_in_worker))
 
 
 async def read_connect(token: str | None, extensions: list[registry.Extension]) -> ConnectRead:
     """Authenticate a connect and read what it needs, in the event loop's shared database hop."""
-    loop = asyncio.get_running_loop()
-    reads = _connect_reads.get(loop)
-    if reads is None:
-        reads = _connect_reads[loop] = GroupCommit(_read_in_worker)
-    return await reads.submit((token, extensions))
+    return await _connect_reads().submit((token, extensions))
 
 
 # Releases in flight (GatewayConsumer._end), held so a shielded task is not collected mid-way.

@@ -9,11 +9,9 @@ hop; the bus is joined once, and its short memory of recent changes (`mark` / `l
 the gap between a connection's read and its registration.
 """
 
-import asyncio
 import functools
 import logging
 import uuid
-import weakref
 from collections import deque
 
 from asgiref.sync import async_to_sync
@@ -24,6 +22,7 @@ from django.dispatch import Signal, receiver
 
 from relay.layer import channel_layer
 from relay.logging import log_event
+from relay.loops import PerLoop, SharedOnce
 from relay.models import Channel, Membership, User
 from relay.redis_clients import sync_client
 
@@ -59,15 +58,8 @@ class MembershipBus:
         self.listeners: dict[int, set[str]] = {}
         self.recent: deque[tuple[int, int, dict]] = deque(maxlen=RECENT_CHANGES)
         self.seq = 0
-        self._joined: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        """Join the membership group once for this loop; later calls return at once."""
-        joined = self._joined
-        if joined is None or (joined.done() and (joined.cancelled() or joined.exception() is not None)):
-            joined = self._joined = asyncio.ensure_future(self.layer.route_group(MEMBERSHIP_GROUP, self.received))
-        # Shielded: one connect cancelled midway must not cancel the join every connect waits for.
-        await asyncio.shield(joined)
+        # Joined once for this loop; later calls return at once.
+        self.start = SharedOnce(lambda: self.layer.route_group(MEMBERSHIP_GROUP, self.received))
 
     def received(self, message: dict) -> None:
         """One change from the group: remember it and hand it to the user's local connections."""
@@ -120,16 +112,8 @@ class MembershipBus:
                 del self.listeners[user_pk]
 
 
-_buses: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MembershipBus]" = weakref.WeakKeyDictionary()
-
-
-def bus() -> MembershipBus:
-    """The membership bus of the running event loop (Daphne runs one; each in-process test its own)."""
-    loop = asyncio.get_running_loop()
-    found = _buses.get(loop)
-    if found is None:
-        found = _buses[loop] = MembershipBus()
-    return found
+# The membership bus of the running event loop.
+bus = PerLoop(MembershipBus)
 
 
 def add_member(channel: Channel, user: User) -> bool:

@@ -15,7 +15,6 @@ nothing can drop):
 A rotation's notice makes the instance reconcile at once instead of at the next interval.
 """
 
-import asyncio
 import hashlib
 import logging
 import weakref
@@ -27,13 +26,18 @@ from django.conf import settings
 from django.db import transaction
 
 from relay import membership, tokens
+from relay.clock import Clock, LoopClock, Periodic
 from relay.layer import channel_layer
 from relay.logging import log_event
+from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment
 from relay.queries import channel_ids_of_users
 from relay.redis_clients import async_client
 
 logger = logging.getLogger(__name__)
+
+# When the rounds run (relay/clock.py); tests replace it to run a round without sleeping.
+clock: Clock = LoopClock()
 
 SECRETS_GROUP = "secrets"
 REVOKE = "connection.revoke"
@@ -73,24 +77,21 @@ class Reconciler:
         self.layer = channel_layer()
         self.connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._redis = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._running: asyncio.Task | None = None
-        self._again = False
-        self._joined: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        """Join the secrets group once for this loop (rotation notices); later calls return at once."""
-        joined = self._joined
-        if joined is None or (joined.done() and (joined.cancelled() or joined.exception() is not None)):
-            joined = self._joined = asyncio.ensure_future(self.layer.route_group(SECRETS_GROUP, self.notice_received))
-        await asyncio.shield(joined)
+        # Joined once for this loop (rotation notices); later calls return at once.
+        self.start = SharedOnce(lambda: self.layer.route_group(SECRETS_GROUP, self.notice_received))
+        self.rounds = Periodic(
+            self.reconcile,
+            interval=lambda: settings.RELAY_PRESENCE_REFRESH_MS / 1000,
+            clock=lambda: clock,
+            failed=_round_failed,
+            wanted=lambda: bool(self.connections),
+        )
 
     def add(self, conn: Any) -> None:
         """Reconcile `conn` from now on, until `discard`."""
         conn.membership_version = UNSEEN
         self.connections.add(conn)
-        if self._timer is None and self._running is None:
-            self._schedule()
+        self.rounds.start()
 
     def discard(self, conn: Any) -> None:
         """Stop reconciling `conn` (it ended)."""
@@ -105,36 +106,7 @@ class Reconciler:
 
     def run_soon(self) -> None:
         """Reconcile now, or right after the round in progress."""
-        if self._running is not None:
-            self._again = True
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._running = asyncio.ensure_future(self._round())
-
-    def _schedule(self) -> None:
-        loop = asyncio.get_running_loop()
-        # A timer rather than a sleeping task: a loop that ends (each in-process test's) leaves no
-        # pending task behind, and with no connections nothing runs at all.
-        self._timer = loop.call_later(settings.RELAY_PRESENCE_REFRESH_MS / 1000, self._due)
-
-    def _due(self) -> None:
-        self._timer = None
-        self._running = asyncio.ensure_future(self._round())
-
-    async def _round(self) -> None:
-        try:
-            await self.reconcile()
-        except Exception as error:
-            log_event(logger, "reconcile.failed", logging.ERROR, op="round", error=type(error).__name__)
-        finally:
-            self._running = None
-            if self._again:
-                self._again = False
-                self.run_soon()
-            elif self.connections:
-                self._schedule()
+        self.rounds.run_soon()
 
     async def reconcile(self) -> None:
         """One round over every open connection: revoked secrets, then membership versions."""
@@ -187,13 +159,9 @@ def _secret_versions(environment_ids: set[str]) -> dict[str, str]:
     }
 
 
-_reconcilers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Reconciler]" = weakref.WeakKeyDictionary()
+def _round_failed(error: Exception) -> None:
+    log_event(logger, "reconcile.failed", logging.ERROR, op="round", error=type(error).__name__)
 
 
-def reconciler() -> Reconciler:
-    """The reconciler of the running event loop (Daphne runs one; each in-process test its own)."""
-    loop = asyncio.get_running_loop()
-    found = _reconcilers.get(loop)
-    if found is None:
-        found = _reconcilers[loop] = Reconciler()
-    return found
+# The reconciler of the running event loop.
+reconciler = PerLoop(Reconciler)

@@ -41,6 +41,7 @@ from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer,
 from channels_redis.utils import _wrap_close
 
 from relay.logging import log_event
+from relay.loops import SharedOnce
 from relay.redis_clients import is_layer_redis
 from relay.transport.hiredis import pack_with_hiredis
 
@@ -219,19 +220,15 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         super().__init__(*args, **kwargs)
         self._shards = [_Shard(shard.host, self) for shard in self._shards]
         self.inbox = f"{self.prefix}specific.{uuid.uuid4().hex}!"
-        self._inbox_ready: asyncio.Task | None = None
+        # Subscribed once per process, by the first consumer that needs it.
+        self._inbox_ready = SharedOnce(lambda: self._get_shard(self.inbox).subscribe(self.inbox))
         self.routes: dict[str, Callable[[dict], None]] = {}
         self.claims: dict[str, Callable[[dict, tuple[str, ...]], None]] = {}
         self._backlog: dict[str, int] = {}
 
     async def new_channel(self, prefix: str = "specific.") -> str:
         """A channel of this process: a local queue, behind the inbox subscribed once per process."""
-        ready = self._inbox_ready
-        if ready is None or (ready.done() and (ready.cancelled() or ready.exception() is not None)):
-            # First use, or the last attempt failed (Redis down): the next connect tries again.
-            ready = self._inbox_ready = asyncio.ensure_future(self._get_shard(self.inbox).subscribe(self.inbox))
-        # Shielded: one consumer's cancelled connect must not cancel the subscription all share.
-        await asyncio.shield(ready)
+        await self._inbox_ready()
         channel = f"{self.inbox}{uuid.uuid4().hex}"
         self.channels[channel] = asyncio.Queue()
         return channel
@@ -370,7 +367,7 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
     async def flush(self) -> None:
         """Forget everything, the inbox subscription included."""
         await super().flush()
-        self._inbox_ready = None
+        self._inbox_ready.reset()
         self.routes = {}
         self.claims = {}
         self._backlog = {}

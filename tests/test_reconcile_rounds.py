@@ -1,0 +1,63 @@
+"""The reconciliation's rounds on a clock moved by hand: a lost notice is repaired at the round, not before."""
+
+import pytest
+from channels.db import database_sync_to_async
+
+from relay import membership, reconcile
+from tests.support import ManualClock, Socket, events, until
+
+INTERVAL = 10.0
+
+
+@pytest.fixture
+def reconcile_clock(monkeypatch: pytest.MonkeyPatch, settings) -> ManualClock:
+    """When this loop's reconciliation rounds run, moved by hand."""
+    settings.RELAY_PRESENCE_REFRESH_MS = int(INTERVAL * 1000)
+    clock = ManualClock()
+    monkeypatch.setattr(reconcile, "clock", clock)
+    return clock
+
+
+@pytest.fixture
+def lost_notices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Membership notices dropped on arrival, as pub/sub drops them while a subscriber reconnects."""
+    monkeypatch.setattr(membership.MembershipBus, "received", lambda self, message: None)
+
+
+async def a_round(clock: ManualClock, seconds: float = INTERVAL) -> None:
+    clock.advance(seconds)
+    await reconcile.reconciler().rounds.settled()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_lost_removal_is_repaired_at_the_next_round_and_not_before(
+    acme, reconcile_clock, lost_notices, caplog, close_presence_service
+):
+    linh = await Socket.open(acme.token("linh"))
+    await a_round(reconcile_clock)  # a new connection's first round reads once
+    assert events(caplog, "membership.repaired") == []
+
+    await database_sync_to_async(membership.remove_member)(acme.channels["fleet"], acme.users["linh"])
+    await a_round(reconcile_clock, INTERVAL - 0.001)
+    assert events(caplog, "membership.repaired") == []
+    await a_round(reconcile_clock, 0.001)
+    await until(lambda: events(caplog, "membership.repaired"))
+    repaired = events(caplog, "membership.repaired")
+    assert [(line["user"], line["added"], line["removed"]) for line in repaired] == [("linh", 0, 1)]
+    await linh.close()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_rounds_stop_with_the_last_connection_and_start_with_the_next(
+    acme, reconcile_clock, close_presence_service
+):
+    rounds = reconcile.reconciler().rounds
+    assert not rounds.armed
+    linh = await Socket.open(acme.token("linh"))
+    assert rounds.armed
+    await linh.close()
+    await a_round(reconcile_clock)  # the round that finds nobody left schedules no other
+    assert not rounds.armed
+    tuan = await Socket.open(acme.token("tuan"))
+    assert rounds.armed
+    await tuan.close()

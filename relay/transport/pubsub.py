@@ -65,6 +65,9 @@ class _Shard(RedisSingleShardConnection):
         self._subscribed = asyncio.Event()
         # The pub/sub connection was lost and not yet read from again.
         self._reconnecting = False
+        # Channels whose SUBSCRIBE failed, and the task sending it again.
+        self._unsent: set[str] = set()
+        self._retrying: asyncio.Task | None = None
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -96,9 +99,10 @@ class _Shard(RedisSingleShardConnection):
             if new:
                 self._ensure_redis()
                 self._ensure_receiver()
-                await self._pubsub.subscribe(*new)
+                # Wanted whether or not the SUBSCRIBE gets through: one that fails (Redis away) is
+                # sent again until it does, and its waiting entry resolves when Redis confirms it.
                 self._subscribed_to.update(new)
-                self._subscribed.set()
+                await self._send_subscribe(new)
         if waits:
             try:
                 # Unconfirmed in time, still sent and remembered: redis-py subscribes again on a
@@ -112,6 +116,37 @@ class _Shard(RedisSingleShardConnection):
                     if self._confirming.get(channel) is confirmed and confirmed.done():
                         del self._confirming[channel]
 
+    async def _send_subscribe(self, channels: Sequence[str]) -> None:
+        """SUBSCRIBE (under the lock); on a connection error, leave them to `_resubscribe`.
+
+        redis-py subscribes again on a reconnect only to channels whose SUBSCRIBE it sent, so a
+        failed one would stay unsubscribed for the life of the process.
+        """
+        try:
+            await self._pubsub.subscribe(*channels)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
+            self._unsent.update(channels)
+            if not self._reconnecting:
+                self._reconnecting = True
+                log_event(logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
+            if self._retrying is None or self._retrying.done():
+                self._retrying = asyncio.ensure_future(self._resubscribe())
+        else:
+            self._subscribed.set()
+
+    async def _resubscribe(self) -> None:
+        """Send the failed SUBSCRIBEs again, soon and until they get through."""
+        while self._unsent:
+            await asyncio.sleep(RECONNECT_SECONDS)
+            async with self._lock:
+                channels = sorted(self._unsent & self._subscribed_to)
+                self._unsent.clear()
+                if channels:
+                    await self._send_subscribe(channels)
+        if self._reconnecting and self._pubsub is not None and self._pubsub.subscribed:
+            self._reconnecting = False
+            log_event(logger, "layer.reconnected")
+
     async def unsubscribe(self, channel: str) -> None:
         """Unsubscribe from one channel (see `unsubscribe_many`)."""
         await self.unsubscribe_many([channel])
@@ -121,10 +156,17 @@ class _Shard(RedisSingleShardConnection):
         async with self._lock:
             gone = [channel for channel in dict.fromkeys(channels) if channel in self._subscribed_to]
             if gone:
+                # Forgotten first: with Redis away the UNSUBSCRIBE fails, and a later subscribe to
+                # the same channel must send its SUBSCRIBE again rather than wait on a stale entry.
+                self._subscribed_to.difference_update(gone)
+                self._unsent.difference_update(gone)
+                for channel in gone:
+                    confirmed = self._confirming.pop(channel, None)
+                    if confirmed is not None and not confirmed.done():
+                        confirmed.set_result(None)
                 self._ensure_redis()
                 self._ensure_receiver()
                 await self._pubsub.unsubscribe(*gone)
-                self._subscribed_to.difference_update(gone)
 
     async def _do_receiving(self) -> None:
         # channels-redis's loop, but reading subscribe confirmations instead of discarding them,
@@ -136,6 +178,9 @@ class _Shard(RedisSingleShardConnection):
             try:
                 if self._pubsub and self._pubsub.subscribed:
                     message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
+                    if self._reconnecting:
+                        self._reconnecting = False
+                        log_event(logger, "layer.reconnected")
                     if message is not None and message["type"] == "subscribe":
                         self._confirm(message["channel"])
                     elif message is not None and message["type"] in ("message", "pmessage"):
@@ -162,9 +207,14 @@ class _Shard(RedisSingleShardConnection):
             except Exception:
                 logger.exception("Unexpected exception in receive task")
                 await asyncio.sleep(1)
-            if self._reconnecting:
-                self._reconnecting = False
-                log_event(logger, "layer.reconnected")
+
+    async def flush(self) -> None:
+        """Forget every subscription, the ones still to be sent included."""
+        if self._retrying is not None:
+            self._retrying.cancel()
+            self._retrying = None
+        self._unsent = set()
+        await super().flush()
 
     def _confirm(self, channel: bytes | str) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel

@@ -7,10 +7,14 @@ nothing can drop):
 
 - a connection whose environment's signing secret is no longer the one its token was verified
   with is closed with 4401 (and this process forgets the secret it cached);
-- a connection whose user's membership version (a Redis counter every change bumps, after its
-  commit) is not the one it last saw re-reads its channels and applies the difference. A new
-  connection has seen none, so its first round re-reads once: a change whose notice was lost
-  while it connected is caught too.
+- a connection whose user's membership version (a column every change bumps in its own
+  transaction) is not the one it last saw re-reads its channels, with the version they are at,
+  and applies the difference. A new connection has seen none, so its first round re-reads once:
+  a change whose notice was lost while it connected is caught too.
+
+Its cost is one query per round for the versions of every connected user (by primary key, in
+chunks), and a read of the channels of those whose version moved: docs/scaling.md gives the
+measured numbers.
 
 A rotation's notice makes the instance reconcile at once instead of at the next interval.
 """
@@ -25,14 +29,13 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 
-from relay import membership, tokens
+from relay import tokens
 from relay.clock import Clock, LoopClock, Periodic
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment
-from relay.queries import channel_ids_of_users
-from relay.redis_clients import async_client
+from relay.queries import membership_versions, versioned_channel_ids
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +79,6 @@ class Reconciler:
     def __init__(self) -> None:
         self.layer = channel_layer()
         self.connections: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._redis = None
         # Joined once for this loop (rotation notices); later calls return at once.
         self.start = SharedOnce(lambda: self.layer.route_group(SECRETS_GROUP, self.notice_received))
         self.rounds = Periodic(
@@ -128,27 +130,28 @@ class Reconciler:
     async def _check_memberships(self, connections: list[Any]) -> None:
         if not connections:
             return
-        user_pks = sorted({conn.user.pk for conn in connections})
-        try:
-            if self._redis is None:
-                self._redis = async_client(settings.RELAY_REDIS_URL)
-            found = await self._redis.mget([membership.version_key(pk) for pk in user_pks])
-            versions = dict(zip(user_pks, found, strict=True))
-        except Exception as error:
-            # Redis away: the notices are not flowing either; the next round tries again.
-            log_event(logger, "reconcile.failed", logging.ERROR, op="versions", error=type(error).__name__)
-            return
-        stale = [conn for conn in connections if conn.membership_version != versions[conn.user.pk]]
+        user_pks = {conn.user.pk for conn in connections}
+        # The durable versions, not a copy in Redis: a change whose notice and everything else
+        # after its commit was lost (a Redis outage, a process that died) still moved this.
+        versions = await read_versions(user_pks)
+        stale = {conn.user.pk for conn in connections if conn.membership_version != versions.get(conn.user.pk)}
         if not stale:
             return
-        # Read AFTER the versions: what is read is at least as new as each version seen, and a
-        # change committed later bumps its user's version again for the next round.
-        channels = await database_sync_to_async(channel_ids_of_users)({conn.user.pk for conn in stale})
-        for conn in stale:
-            conn.membership_version = versions[conn.user.pk]
-            found = channels.get(conn.user.pk, set())
-            if found != conn.channel_ids:
-                self.layer.send_local(conn.channel_name, {"type": SYNC, "channels": sorted(found)})
+        found = await read_versioned_channels(stale)
+        for conn in connections:
+            if conn.user.pk in found:
+                version, channels = found[conn.user.pk]
+                conn.membership_version = version
+                # Always sent: the connection orders it against the notices it has applied
+                # (relay.membership.Applied), and only it knows whether it changes anything.
+                sync = {"type": SYNC, "channels": sorted(channels), "version": version}
+                self.layer.send_local(conn.channel_name, sync)
+
+
+# Off the thread every other database call shares: a round over thousands of connections must not
+# hold up the connects and sends queued behind it.
+read_versions = database_sync_to_async(membership_versions, thread_sensitive=False)
+read_versioned_channels = database_sync_to_async(versioned_channel_ids, thread_sensitive=False)
 
 
 def _secret_versions(environment_ids: set[str]) -> dict[str, str]:

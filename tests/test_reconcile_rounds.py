@@ -4,6 +4,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from relay import membership, reconcile
+from relay.queries import channel_ids_of_users, membership_versions, versioned_channel_ids
 from tests.support import ManualClock, Socket, events, until
 
 INTERVAL = 10.0
@@ -61,3 +62,19 @@ async def test_the_rounds_stop_with_the_last_connection_and_start_with_the_next(
     tuan = await Socket.open(acme.token("tuan"))
     assert rounds.armed
     await tuan.close()
+
+
+@pytest.mark.django_db
+def test_a_rounds_reads_take_more_users_than_one_query_has_parameters(acme):
+    # Past SQLite's 32,766 and PostgreSQL's 65,535 parameters: the ids of every connected user.
+    linh, tuan = acme.users["linh"], acme.users["tuan"]
+    for user in (linh, tuan):
+        user.refresh_from_db()
+    assert linh.membership_version == 2  # one bump for each of the two memberships the cast starts with
+    many = [*range(10**9, 10**9 + 70_000), linh.pk, tuan.pk]
+    fleet, general = str(acme.channels["fleet"].id), str(acme.channels["general"].id)
+    assert channel_ids_of_users(many) == {linh.pk: {fleet, general}, tuan.pk: {fleet, general}}
+    assert membership_versions(many) == {linh.pk: linh.membership_version, tuan.pk: tuan.membership_version}
+    versioned = versioned_channel_ids(many)
+    assert versioned[linh.pk] == (linh.membership_version, {fleet, general})
+    assert set(versioned) == {linh.pk, tuan.pk}

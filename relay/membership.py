@@ -7,6 +7,11 @@ per-user group would cost every connection a SUBSCRIBE and an UNSUBSCRIBE, and w
 joined before the user's channels are read, which needs the user, which needs its own database
 hop; the bus is joined once, and its short memory of recent changes (`mark` / `listen`) closes
 the gap between a connection's read and its registration.
+
+Notices can be lost (pub/sub drops them while a subscriber reconnects; the process that made a
+change can die before it tells anyone). Every change also bumps the user's membership version in
+its own transaction, which relay/reconcile.py compares each refresh interval, and which orders
+reads and notices on each connection (`Applied`).
 """
 
 import asyncio

@@ -14,20 +14,18 @@ its own transaction, which relay/reconcile.py compares each refresh interval, an
 reads and notices on each connection (`Applied`).
 """
 
-import asyncio
 import functools
 import logging
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from asgiref.sync import async_to_sync
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import Signal, receiver
 
-from relay.layer import channel_layer
+from relay.layer import channel_layer, publish_notice
 from relay.logging import log_event
 from relay.loops import PerLoop, SharedOnce
 from relay.models import Channel, Membership, User
@@ -40,9 +38,6 @@ EVENT = "membership.changed"
 # connect's database hop takes milliseconds, and a process sees far fewer changes than this
 # in that time. A connection that falls further behind re-reads its channels (`listen`).
 RECENT_CHANGES = 4096
-# How long a change's request waits for its notice to be published (a Redis that stopped
-# answering): past it the reconciliation delivers the change.
-NOTICE_TIMEOUT_SECONDS = 2.0
 
 # Sent (sender=Membership, channel=, user=, membership_id=) once a membership was added and the
 # user's live connections were told: an app announces what the new membership makes visible to
@@ -194,20 +189,16 @@ def _added(channel: Channel, user: User, membership_id: int | None, version: int
             log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
 
 
-async def _publish(message: dict) -> None:
-    # Bounded: a Redis that stopped answering must not hold the request that made the change.
-    await asyncio.wait_for(channel_layer().group_send(MEMBERSHIP_GROUP, message), NOTICE_TIMEOUT_SECONDS)
-
-
 def _notify(user_pk: int, channel_id: uuid.UUID, member: bool, version: int | None) -> None:
     # A lost notice (a channel-layer fault, a process that died before this ran) leaves the
     # change made (it is durable, and so is its version) and the live connections to pick it up
     # at their instance's next reconciliation (relay/reconcile.py).
     if version is None:
-        return  # the user went with the change: nobody is connected as them any more
+        return  # no such user any more: nobody is connected as them
     try:
-        async_to_sync(_publish)(
-            {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member, "version": version}
+        publish_notice(
+            MEMBERSHIP_GROUP,
+            {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member, "version": version},
         )
     except Exception as error:
         log_event(logger, "membership.notify_failed", logging.ERROR, error=type(error).__name__)

@@ -24,14 +24,13 @@ import logging
 import weakref
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 
 from relay import tokens
 from relay.clock import Clock, LoopClock, Periodic
-from relay.layer import channel_layer
+from relay.layer import channel_layer, publish_notice
 from relay.logging import log_event
 from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment
@@ -65,9 +64,7 @@ def rotate_secret(environment: Environment) -> None:
 
 def _announce_rotation(environment_id: str) -> None:
     try:
-        async_to_sync(channel_layer().group_send)(
-            SECRETS_GROUP, {"type": "secret.rotated", "environment": environment_id}
-        )
+        publish_notice(SECRETS_GROUP, {"type": "secret.rotated", "environment": environment_id})
     except Exception as error:
         # The rotation stands; each instance's next round closes the connections.
         log_event(logger, "reconcile.notify_failed", logging.ERROR, error=type(error).__name__)

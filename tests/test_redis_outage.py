@@ -79,23 +79,36 @@ async def test_a_process_that_starts_during_an_outage_subscribes_once_redis_retu
     await tuan.close()
 
 
-async def test_a_removal_made_while_redis_is_silent_answers_and_reaches_the_member(live_instances, acme, private_redis):
+async def test_changes_made_while_redis_is_silent_answer_and_reach_the_connections(
+    live_instances, acme, globex, private_redis
+):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     gw0, gw1 = live_instances(2, RELAY_REDIS_URL=private_redis.url, **timings())
     linh = await connect(gw1, acme, "linh")
     tuan = await connect(gw0, acme, "tuan")
+    zed = await connect(gw1, globex, "zed")
 
     private_redis.pause()
     try:
-        # Answered although Redis takes the notice and never replies: the change is made, its
-        # notice lost (http() gives up after 10 s).
+        # Answered although Redis takes the notices and never replies: the changes are made,
+        # their notices lost (http() gives up after 10 s, the command after 30 s).
         status, _ = await asyncio.to_thread(
             http, "DELETE", f"{gw0.http_url}/v1/channels/{fleet.id}/members/linh", api_key=acme.api_key
         )
         assert status == 204
+        rotated = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "manage.py", "rotatesecret", "globex"],
+            env=gw0.env,
+            capture_output=True,
+            cwd=BASE_DIR,
+            timeout=30,
+        )
+        assert rotated.returncode == 0
     finally:
         private_redis.resume()
     await logged(gw1, "membership.repaired", user="linh", removed=1)
+    assert await zed.closed(WAIT) == 4401
 
     after = await tuan.send_and_ack(send_payload(fleet, "after the removal"))
     barrier = await tuan.send_and_ack(send_payload(general, "linh is still in general"))

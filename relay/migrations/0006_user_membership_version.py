@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('relay', '0004_environment_staff'),
+        ('relay', '0005_environment_presence_settings'),
     ]
 
     operations = [

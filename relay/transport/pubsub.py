@@ -15,7 +15,8 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
   its queue without touching Redis. A send from another process is published to the inbox with
   the target's name inside and routed here, so `send()` keeps working across processes.
 - A subscription returns once Redis CONFIRMED it: a message published right after `group_add`
-  returned must reach the new member.
+  returned must reach the new member. A SUBSCRIBE that fails (Redis away) is sent again until
+  Redis takes it: redis-py re-subscribes after a reconnect only to what it sent.
 - `route_group()` / `send_local()`: a process-wide handler for one group, called as its
   messages are read, which hands copies to local channels in order (relay.membership's bus).
 - `claim_groups()`: a process-wide handler for every group of a prefix, called once per message

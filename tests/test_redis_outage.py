@@ -15,7 +15,7 @@ import pytest
 
 from devtools.embedded_redis import EmbeddedRedis
 from tests.chat_helpers import send_payload
-from tests.support import BASE_DIR, WAIT, WsClient, add_channel, close_all, connect, http, logged, timings
+from tests.support import BASE_DIR, WAIT, WsClient, add_channel, add_user, close_all, connect, http, logged, timings
 
 pytestmark = pytest.mark.live
 
@@ -77,6 +77,26 @@ async def test_a_process_that_starts_during_an_outage_subscribes_once_redis_retu
     assert done.returncode == 0
     assert await linh.closed(WAIT) == 4401
     await tuan.close()
+
+
+async def test_the_first_member_of_a_channel_to_connect_during_an_outage_hears_it_once_redis_returns(
+    live_instances, acme, private_redis
+):
+    await add_user(acme, "kim")
+    lab = await add_channel(acme, "lab", "private", ("linh", "kim"))
+    gw0, gw1 = live_instances(2, RELAY_REDIS_URL=private_redis.url, **SLOW_ROUNDS)
+    tuan = await connect(gw1, acme, "tuan")  # gw1's inbox and notices are subscribed before the outage
+
+    private_redis.stop()
+    # The first of lab's members on gw1: its group's SUBSCRIBE fails, and is sent again later.
+    linh = await WsClient.open(gw1.ws_url(acme.token("linh")))
+    assert (await linh.next_of("connection.ack"))["user"] == "linh"
+    private_redis.start()
+    await logged(gw1, "layer.reconnected")
+
+    kim = await connect(gw0, acme, "kim")
+    await hears(linh, await kim.send_and_ack(send_payload(lab, "heard on gw1")))
+    await close_all(linh, tuan, kim)
 
 
 async def test_changes_made_while_redis_is_silent_answer_and_reach_the_connections(

@@ -117,8 +117,8 @@ class _Shard(RedisSingleShardConnection):
                     if self._confirming.get(channel) is confirmed and confirmed.done():
                         del self._confirming[channel]
 
-    async def _send_subscribe(self, channels: Sequence[str]) -> None:
-        """SUBSCRIBE (under the lock); on a connection error, leave them to `_resubscribe`.
+    async def _send_subscribe(self, channels: Sequence[str]) -> bool:
+        """SUBSCRIBE (under the lock); on a connection error, leave them to `_resubscribe` and return False.
 
         redis-py subscribes again on a reconnect only to channels whose SUBSCRIBE it sent, so a
         failed one would stay unsubscribed for the life of the process.
@@ -132,18 +132,19 @@ class _Shard(RedisSingleShardConnection):
                 log_event(logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
             if self._retrying is None or self._retrying.done():
                 self._retrying = asyncio.ensure_future(self._resubscribe())
-        else:
-            self._subscribed.set()
+            return False
+        self._subscribed.set()
+        return True
 
     async def _resubscribe(self) -> None:
         """Send the failed SUBSCRIBEs again, soon and until they get through."""
         while self._unsent:
             await asyncio.sleep(RECONNECT_SECONDS)
             async with self._lock:
-                channels = sorted(self._unsent & self._subscribed_to)
-                self._unsent.clear()
-                if channels:
-                    await self._send_subscribe(channels)
+                self._unsent &= self._subscribed_to  # unsubscribed meanwhile: no longer wanted
+                channels = sorted(self._unsent)
+                if channels and await self._send_subscribe(channels):
+                    self._unsent.difference_update(channels)
         if self._reconnecting and self._pubsub is not None and self._pubsub.subscribed:
             self._reconnecting = False
             log_event(logger, "layer.reconnected")
@@ -179,7 +180,8 @@ class _Shard(RedisSingleShardConnection):
             try:
                 if self._pubsub and self._pubsub.subscribed:
                     message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
-                    if self._reconnecting:
+                    # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
+                    if self._reconnecting and not self._unsent:
                         self._reconnecting = False
                         log_event(logger, "layer.reconnected")
                     if message is not None and message["type"] == "subscribe":

@@ -44,7 +44,7 @@ clock: Clock = LoopClock()
 SECRETS_GROUP = "secrets"
 REVOKE = "connection.revoke"
 SYNC = "membership.sync"
-# A connection that has not yet compared its user's membership version with Redis's.
+# A connection that has not yet compared its user's membership version with the database's.
 UNSEEN = object()
 
 

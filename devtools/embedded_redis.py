@@ -118,12 +118,12 @@ class EmbeddedRedis:
         self._process = None
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP), as a host that stops scheduling it: sockets stay open, nothing answers."""
+        """Stop answering without closing anything (SIGSTOP), as a Redis stuck or cut off by the network."""
         if self._process is not None:
             self._process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        """Let a paused server run again (SIGCONT); its keys' TTLs ran on meanwhile."""
+        """Answer again after `pause`, with every key and connection as it was (SIGCONT)."""
         if self._process is not None:
             self._process.send_signal(signal.SIGCONT)
 

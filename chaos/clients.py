@@ -197,7 +197,7 @@ class Population:
                 status, _ = await asyncio.to_thread(
                     self.deployment.api, method, f"/v1/channels/{channel}/members/{user}", None, tenant.api_key
                 )
-            except OSError:
+            except (OSError, ValueError):  # no answer, or one that is not JSON: the outcome is unknown
                 status = None
             self.history.write(
                 "member", t=started, t_end=self.history.now(), tenant=tenant.label, channel=channel, user=user,

@@ -64,10 +64,12 @@ class PresenceExtension(registry.Extension):
             # Redis did not answer: the snapshot went out empty, and no transition would ever
             # tell this watcher about co-members who stay online (docs/contract.md, "Fair under
             # load and faults"). They are sent as `online`s once Redis answers.
-            conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn))
+            _owe_repair(conn)
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
-        await reads.announce_new_co_members(conn, channel_id)
+        if not await reads.announce_new_co_members(conn, channel_id):
+            # Redis did not answer: who the new channel made visible is told with the repair.
+            _owe_repair(conn)
 
     async def closed(self, conn: Connection) -> None:
         # Membership changes need nothing more: the consumer follows them with the groups, and the
@@ -85,7 +87,17 @@ async def presence_transition(conn: Connection, message: dict) -> None:
     await delivery.deliver(conn, message, functools.partial(parse_transition, message))
 
 
+def _owe_repair(conn: Connection) -> None:
+    """Repair the connection's view once Redis answers, unless a repair is already on its way."""
+    pending = conn.state.get(REPAIR_TASK_KEY)
+    if pending is None or pending.done():
+        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn))
+
+
 async def _repair_when_redis_answers(conn: Connection) -> None:
+    # Two answered refreshes: a refresh interval in which every live holder's own refresh has
+    # re-elected its users, should Redis have come back empty.
+    await actions.service().next_answer()
     await actions.service().next_answer()
     # From here on the connection's transitions queue behind the repair, which reads after them.
     delivery.fanout().gone(conn)
@@ -94,13 +106,14 @@ async def _repair_when_redis_answers(conn: Connection) -> None:
 
 @registry.event(REPAIR)
 async def presence_repair(conn: Connection, message: dict) -> None:
-    """Tell a connection whose snapshot Redis could not read who is online now, then deliver to it directly again.
+    """Tell a connection Redis could not answer for (its snapshot, a new channel's co-members) who is online now.
 
-    A co-member who came online since the empty snapshot may be told twice; one who left was told.
+    Then it is delivered to directly again. A co-member it already knew to be online, or who came
+    online since, may be told twice; one who left was told.
     """
     online = await reads.snapshot(conn)
     if online is None:
-        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn))
+        _owe_repair(conn)
     for user_id in online or ():
         await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
     delivery.fanout().live(conn)

@@ -84,7 +84,7 @@ def members_newly_seeing(environment_id: str, user: User, channel_id: str, membe
     return sorted(members)
 
 
-async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
+async def announce_new_co_members(conn: Connection, channel_id: str) -> bool:
     """Tell a connection whose user just joined `channel_id` who it made visible and is online.
 
     Without this the client's state would miss them until their next transition, and "snapshot
@@ -92,13 +92,15 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
     connection joined the channel's presence group before this read (the consumer's
     `membership_changed`), so a transition racing it is queued behind these frames, as one
     racing the connect's snapshot is behind the snapshot. Users already visible through another
-    shared channel are left out: the client already knows their state.
+    shared channel are left out: the client already knows their state. Returns False when the
+    presence Redis did not answer (logged by the store): nothing was told, and the caller owes it.
     """
     others = set(conn.channel_ids) - {channel_id}
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
-    # None (the presence Redis down, logged by the store): nothing to tell; the next transitions will.
-    for user_id in await actions.service().store.online(conn.environment_id, candidates) or ():
+    online = await actions.service().store.online(conn.environment_id, candidates)
+    for user_id in online or ():
         await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    return online is not None
 
 
 async def snapshot(conn: Connection) -> list[str] | None:

@@ -111,3 +111,27 @@ async def test_a_watcher_that_connected_while_presence_redis_was_down_learns_who
         await close_all(linh, tuan)
     finally:
         presence_redis.close()
+
+
+async def test_a_member_added_while_presence_redis_was_down_learns_who_the_channel_shows_once_it_returns(
+    live_instances, acme
+):
+    # hermit joins "fleet" through the API while the presence Redis is away: the membership's notice
+    # travels (the channel layer is up), but who is online there could not be read.
+    presence_redis = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+        tuan = await connect(b, acme, "tuan")
+        hermit = await connect(a, acme, "hermit")
+        presence_redis.stop()
+        fleet = acme.channels["fleet"].id
+        assert http("PUT", f"{a.http_url}/v1/channels/{fleet}/members/hermit", api_key=acme.api_key)[0] == 201
+        await logged(a, "presence.failed", op="snapshot")
+
+        presence_redis.start()
+        await hermit.wait_for(lambda client: "tuan" in view(client))
+
+        assert hermit.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(hermit, tuan)
+    finally:
+        presence_redis.close()

@@ -91,6 +91,8 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
     os.environ.setdefault("RELAY_LOG_FORMAT", "console")
     os.environ.setdefault("DEBUG", "1")
+    # A receiver on this machine (docs/webhooks.md's example) is what a first try uses.
+    os.environ.setdefault("RELAY_WEBHOOK_ALLOW_PRIVATE", "1")
     redis_server = None
     if not os.environ.get("RELAY_REDIS_URL"):
         redis_server = EmbeddedRedis().start()

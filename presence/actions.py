@@ -29,6 +29,7 @@ from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.registry import Connection
+from webhooks import events as webhook_events
 
 logger = logging.getLogger("presence")
 
@@ -88,10 +89,11 @@ def _group_sends(user_id: str, state: State, channels: Sequence[str], transition
     ]
 
 
-def _published(user_id: str, state: State, channels: int) -> None:
+def _published(environment_id: str, user_id: str, state: State, channels: int, last_seen_ms: int | None = None) -> None:
     metrics.presence_published(state).inc()
     # `channels` is a count: the list would be a membership graph in a log file.
     log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
+    webhook_events.send_presence_signal(environment_id, user_id, state, last_seen_ms)
 
 
 def suppressed(user_id: str, state: State, reason: str) -> None:
@@ -171,7 +173,7 @@ class PresenceService:
         if not election.won:
             suppressed(conn.user_id, "online", NEVER_RETRACTED if election.unretracted else ALREADY_ONLINE)
         elif publish is not None:
-            _published(conn.user_id, "online", len(channels))
+            _published(conn.environment_id, conn.user_id, "online", len(channels))
         else:
             await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id)
         return election.online
@@ -214,13 +216,17 @@ class PresenceService:
         return True
 
     # ── the grace check ──────────────────────────────────────────────────────
-    def _arm_grace_check(self, subject: Subject, epoch: str | None, delay_ms: int | None = None) -> None:
+    def _arm_grace_check(
+        self, subject: Subject, epoch: str | None, delay_ms: int | None = None, last_seen_ms: int | None = None
+    ) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
         previous = self.pending.pop(subject, None)
         if previous is not None:
             previous.cancel()
-        check = functools.partial(self._grace_check, subject, epoch)
+        # When the user was last seen (their last close here), for `user.offline`'s webhook.
+        last_seen_ms = last_seen_ms or int(time.time() * 1000)
+        check = functools.partial(self._grace_check, subject, epoch, last_seen_ms)
         delay = self.timings.check_delay if delay_ms is None else delay_ms
         self.pending[subject] = self.clock.call_later(delay / 1000, functools.partial(self._fire, subject, check))
 
@@ -233,7 +239,7 @@ class PresenceService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject, epoch: str | None) -> None:
+    async def _grace_check(self, subject: Subject, epoch: str | None, last_seen_ms: int | None = None) -> None:
         environment_id, user_id = subject
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
@@ -242,15 +248,15 @@ class PresenceService:
             ordered = sorted(await read_channel_ids(environment_id, user_id))
         except Exception as error:
             record_failure("grace_check:channels", error)
-            self._check_again(subject, epoch)
+            self._check_again(subject, epoch, last_seen_ms)
             return
         transition_id = str(uuid.uuid4())
         publish = self._script_publishes("offline", user_id, ordered, transition_id)
-        reply = await self.store.grace_check(environment_id, user_id, epoch, publish or ())
+        reply = await self.store.grace_check(environment_id, user_id, epoch, publish or (), ordered, last_seen_ms)
         if reply is None:
             # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
             # a Redis blip at this moment would otherwise leave the user online for good.
-            self._check_again(subject, epoch)
+            self._check_again(subject, epoch, last_seen_ms)
             return
         outcome, now = reply
         if outcome == 3:
@@ -258,20 +264,20 @@ class PresenceService:
             # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
             # in the new epoch.
             suppressed(user_id, "offline", EPOCH_CHANGED)
-            self._check_again(subject, now)
+            self._check_again(subject, now, last_seen_ms)
         elif outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
         elif outcome == 1 and publish is not None:
-            _published(user_id, "offline", len(ordered))
+            _published(environment_id, user_id, "offline", len(ordered), last_seen_ms)
         elif outcome == 1:
-            await self.publish(environment_id, user_id, "offline", ordered, transition_id)
+            await self.publish(environment_id, user_id, "offline", ordered, transition_id, last_seen_ms)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
-    def _check_again(self, subject: Subject, epoch: str | None) -> None:
+    def _check_again(self, subject: Subject, epoch: str | None, last_seen_ms: int | None = None) -> None:
         """Run the grace check again one refresh interval on, unless a newer close armed its own."""
         if subject not in self.pending and subject not in self.held and not self.closed:
-            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin)
+            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin, last_seen_ms)
 
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
@@ -355,7 +361,7 @@ class PresenceService:
                 if not won:
                     suppressed(user_id, "offline", ANOTHER_PUBLISHED)
                 elif prefix is not None:
-                    _published(user_id, "offline", len(channels))
+                    _published(environment_id, user_id, "offline", len(channels))
                 else:
                     self._unpublished.append((environment_id, user_id, channels))
             await self._publish_unpublished()
@@ -378,6 +384,7 @@ class PresenceService:
         state: State,
         channel_ids: Iterable[str],
         transition_id: str | None = None,
+        last_seen_ms: int | None = None,
     ) -> bool:
         """Send one transition, its id minted once, to the group of each of the user's channels.
 
@@ -393,7 +400,7 @@ class PresenceService:
         except Exception as error:
             record_failure("publish", error)
             return False
-        _published(user_id, state, len(channels))
+        _published(environment_id, user_id, state, len(channels), last_seen_ms)
         return True
 
     def _script_publishes(

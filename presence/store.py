@@ -42,6 +42,7 @@ from relay import metrics, redis_clients
 from relay.batching import GroupCommit
 from relay.logging import log_event
 from relay.transport.hiredis import pack_with_hiredis
+from webhooks.stream import LUA_BUCKET, reap_streams, user_stream_keys
 
 logger = logging.getLogger("presence")
 
@@ -117,7 +118,8 @@ end
 # the connection's snapshot needs. The limit, the election, the winner's `online` and the
 # snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
 # user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
-# user's last `online` was never retracted: nothing to publish).
+# user's last `online` was never retracted: nothing to publish). Webhooks: with a 7th key (the
+# user's bucket stream, webhooks/stream.py), the winner's `user.online` is XADDed there too.
 ADMIT = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
@@ -143,6 +145,11 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
     redis.call('DEL', KEYS[3])
     for i = 10, 9 + 2 * tonumber(ARGV[9]), 2 do
       redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+    end
+    -- webhooks: the event, atomic with the decision
+    if KEYS[7] then
+      redis.call('XADD', KEYS[7], '*', 't', 'user.online', 'e', ARGV[6],
+        'u', string.sub(ARGV[5], #ARGV[6] + 2), 'c', ARGV[8])
     end
   end
 else
@@ -198,7 +205,9 @@ return epoch
 # (or the reaper) already did, {3, epoch} = Redis lost its data since the close (the epoch
 # differs): decide nothing now, since the live holders re-elect the key at their next refresh.
 # The winner takes the user's deadline: a deadline only stands while the last word said of the
-# user is `online` (ADMIT relies on it).
+# user is `online` (ADMIT relies on it). Webhooks: with a 6th key (the user's bucket stream), ARGV
+# 5 and 6 are the user's channel ids (comma-separated) and when they were last seen (unix ms),
+# the pairs follow, and the winner's `user.offline` is XADDed there too.
 GRACE_CHECK = (
     _EPOCH.format(epoch_key="KEYS[5]", fresh="ARGV[4]")
     + """
@@ -211,7 +220,15 @@ end
 if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
   redis.call('ZREM', KEYS[3], ARGV[2])
   redis.call('DEL', KEYS[4])
-  for i = 5, #ARGV, 2 do
+  local first = 5
+  -- webhooks: the event, atomic with the decision
+  if KEYS[6] then
+    first = 7
+    local environment = string.sub(ARGV[2], 1, 36)
+    redis.call('XADD', KEYS[6], '*', 't', 'user.offline', 'e', environment,
+      'u', string.sub(ARGV[2], 38), 'c', ARGV[5], 'l', ARGV[6])
+  end
+  for i = first, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
   return {1}
@@ -286,9 +303,12 @@ return {vanished, unwritten}
 # fall between the decision and the publish. A deadline written in another epoch than Redis's
 # waits one refresh interval (the live holders re-elect first). The message is the channel
 # layer's own encoding (msgpack) of `presence.fabric.transition_message`.
-# Returns {due, member, won, channel ids (comma-separated), ...}.
+# Returns {due, member, won, channel ids (comma-separated), ...}. Webhooks: with every bucket's
+# stream as KEYS 3 on, ARGV 8 the environments that listen (comma-separated) and ARGV 9 the TTL,
+# a winner of a listening environment has its `user.offline` XADDed to its bucket's stream.
 REAP = (
-    _NOW
+    LUA_BUCKET
+    + _NOW
     + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[5]")
     + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
@@ -296,6 +316,10 @@ local prefix = ARGV[7]
 local base = string.sub(ARGV[6], 1, 28)
 local made = 0
 local decided = {#due}
+local listening = {}
+for environment in string.gmatch(ARGV[8] or '', '[^,]+') do
+  listening[environment] = true
+end
 for _, name in ipairs(due) do
   local pttl = redis.call('PTTL', 'presence:' .. name)
   local info = 'presence:channels:' .. name
@@ -308,6 +332,9 @@ for _, name in ipairs(due) do
     redis.call('HSET', info, 'e', epoch)
   else
     local csv = redis.call('HGET', info, 'c') or ''
+    local environment = string.sub(name, 1, 36)
+    -- webhooks: a deadline is the last refresh + TTL + grace, so it says when they were last seen
+    local deadline = listening[environment] and tonumber(redis.call('ZSCORE', KEYS[1], name))
     redis.call('ZREM', KEYS[1], name)
     redis.call('DEL', info)
     local won = 0
@@ -326,6 +353,12 @@ for _, name in ipairs(due) do
             type = 'presence.transition', user = user, state = 'offline', transition = transition,
             channel = channel, copies = #channels}))
         end
+      end
+      -- webhooks: the event, atomic with the decision
+      if deadline then
+        local last_seen = deadline - tonumber(ARGV[9]) - tonumber(ARGV[2])
+        redis.call('XADD', KEYS[3 + webhook_bucket(name, #KEYS - 2)], '*', 't', 'user.offline',
+          'e', environment, 'u', string.sub(name, 38), 'c', csv, 'l', string.format('%d', last_seen))
       end
     end
     table.insert(decided, name)
@@ -487,6 +520,7 @@ class PresenceStore:
             DEADLINES,
             channels_key(environment_id, user_id),
             EPOCH,
+            *user_stream_keys(environment_id, user_id),
         ]
         name = member(environment_id, user_id)
         args = [connection_id, t.ttl, t.grace, t.max_connections, name, environment_id, fresh_epoch()]
@@ -513,13 +547,20 @@ class PresenceStore:
         return None if reply is None else _text(reply)
 
     async def grace_check(
-        self, environment_id: str, user_id: str, epoch: str | None, publish: Sequence[tuple[str, bytes]] = ()
+        self,
+        environment_id: str,
+        user_id: str,
+        epoch: str | None,
+        publish: Sequence[tuple[str, bytes]] = (),
+        channels: Sequence[str] = (),
+        last_seen_ms: int | None = None,
     ) -> tuple[int, str | None] | None:
         """(0, _) = still online somewhere, (1, _) = this caller publishes `offline`, (2, _) = someone
         else did, (3, epoch now) = Redis lost its data since the close, which saw `epoch`: ask again
         after a refresh interval, in the new epoch. None when Redis did not answer.
 
-        Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip.
+        Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip;
+        so is the webhook event (with `channels` and `last_seen_ms`) when the environment listens.
         """
         keys = [
             presence_key(environment_id, user_id),
@@ -527,8 +568,11 @@ class PresenceStore:
             DEADLINES,
             channels_key(environment_id, user_id),
             EPOCH,
+            *user_stream_keys(environment_id, user_id),
         ]
         args = [self.timings.marker_ttl, member(environment_id, user_id), epoch or "", fresh_epoch()]
+        if len(keys) > 5:
+            args += [",".join(channels), last_seen_ms or int(time.time() * 1000)]
         args += [part for pair in publish for part in pair]
         reply = await self.call("grace_check", lambda: self._script(self._grace_check, keys, args))
         if reply is None:
@@ -563,7 +607,10 @@ class PresenceStore:
         """
         t = self.timings
         args = [t.marker_ttl, t.grace, REAP_BATCH, t.refresh, fresh_epoch(), str(uuid.uuid4()), publish_prefix or ""]
-        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH], args=args))
+        streams, listening = reap_streams()
+        if streams:
+            args += [listening, t.ttl]
+        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH, *streams], args=args))
         if reply is None:
             return None
         decided = [

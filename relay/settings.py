@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "presence",
     "chat",
     "agents",
+    "webhooks",
     "overview",
     "web",
 ]
@@ -208,6 +209,25 @@ RELAY_METRICS_TOKEN = env_str("RELAY_METRICS_TOKEN")
 DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)
 RELAY_AGENT_SWEEP_MS = env_int("RELAY_AGENT_SWEEP_MS", max(1, RELAY_AGENT_TTL_MS // 3), minimum=1)
+
+# ── Webhooks (docs/webhooks.md) ──────────────────────────────────────────────
+DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000
+DEFAULT_WEBHOOK_RETRY_S = 86_400
+# How long one delivery attempt may take before it counts as failed.
+RELAY_WEBHOOK_TIMEOUT_MS = env_int("RELAY_WEBHOOK_TIMEOUT_MS", DEFAULT_WEBHOOK_TIMEOUT_MS, minimum=1)
+# How long a failing receiver is retried (from the event) before its delivery is given up.
+RELAY_WEBHOOK_RETRY_S = env_int("RELAY_WEBHOOK_RETRY_S", DEFAULT_WEBHOOK_RETRY_S, minimum=1)
+# The first retry's delay; each later one doubles it (with jitter), up to an hour.
+RELAY_WEBHOOK_BACKOFF_MS = env_int("RELAY_WEBHOOK_BACKOFF_MS", 1_000, minimum=1)
+# How long a presence event may sit read but unacknowledged by an instance (which then presumably
+# died) before another instance claims it from the stream.
+RELAY_WEBHOOK_CLAIM_MS = env_int("RELAY_WEBHOOK_CLAIM_MS", 30_000, minimum=1)
+# Loopback, private and link-local receivers are refused unless this is on (`make run`, tests):
+# otherwise a tenant could make Relay POST into the operator's own network.
+RELAY_WEBHOOK_ALLOW_PRIVATE = env_bool("RELAY_WEBHOOK_ALLOW_PRIVATE", False)
+# Each instance consumes the streams and delivers (webhooks/worker.py). Not an operator's switch:
+# the in-process test suite turns it off, its tests start a worker where they need one.
+RELAY_WEBHOOK_WORKER = True
 
 # ── Demo client and first-run data (`make run`) ──────────────────────────────
 # Turns on the demo sign-in at / (also on under DEBUG) and, in `setupdemo`, the

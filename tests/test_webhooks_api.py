@@ -10,6 +10,7 @@ from datetime import datetime
 import pytest
 from django.db import transaction
 from django.test import override_settings
+from django.urls import reverse
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from agents import actions as agent_actions
@@ -223,3 +224,15 @@ def test_the_scripts_bucket_is_presence_keys_bucket(redis_client):
     for name in names:
         env, _, user = name.partition(":")
         assert script(args=[name, BUCKETS]) == user_bucket(env, user) == zlib.crc32(name.encode()) % BUCKETS
+
+
+# ── admin ────────────────────────────────────────────────────────────────────
+def test_admin_shows_the_delivery_log_and_never_the_secret(acme, api_for, staff):
+    created = create(api_for(acme), kinds=["member.added"]).json()
+    Membership.objects.create(channel=acme.channels["general"], user=acme.users["hermit"])
+    Delivery.objects.update(attempts=2, last_status_code=503, last_error="HTTP 503", last_latency_ms=12)
+    log = staff.get(reverse("admin:webhooks_delivery_changelist")).content.decode()
+    assert "member.added" in log and "HTTP 503" in log and "pending" in log
+    page = staff.get(reverse("admin:webhooks_endpoint_change", args=[created["id"]])).content.decode()
+    assert RECEIVER in page
+    assert created["secret"] not in page and created["secret"] not in log

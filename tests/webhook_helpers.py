@@ -111,4 +111,3 @@ async def listening(instances: list[Instance], count: int = 1) -> None:
     """Wait until every instance writes presence events for `count` listening environments."""
     for instance in instances:
         await until(lambda instance=instance: knows_endpoints(instance, count))
-

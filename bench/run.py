@@ -50,6 +50,7 @@ from bench.harness import (
     say,
     thread_cpu_seconds,
 )
+from bench.webhooks import phase_webhooks
 
 RESULTS = BASE_DIR / "bench" / "results"
 P99_LIMIT_MS = 250.0
@@ -775,6 +776,8 @@ TARGETS = {
     "ratio.bigroom_connect_cpu_vs_small": ("<=", 3),
     "reconnect_flicker_frames": ("<=", 0),
     "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
+    "webhooks.events_per_s": (">=", 1000),
+    "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2),
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -909,6 +912,7 @@ PHASES = (
     "reap",
     "bigroom",
     "paced",
+    "webhooks",
 )
 
 
@@ -1011,6 +1015,8 @@ def main() -> int:
             results.update(compare.phase_bigroom(world, workdir, sizes, redis_client))
         if fresh("paced"):
             results.update(compare.phase_paced(world, workdir, sizes))
+        if fresh("webhooks"):
+            results.update(phase_webhooks(world, workdir, sizes))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

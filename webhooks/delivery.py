@@ -3,9 +3,10 @@
 A row is leased with an UPDATE that only succeeds while it is pending and due (so two instances
 never both send an attempt, on SQLite and PostgreSQL alike), for longer than an attempt can
 take: an instance killed mid-attempt leaves the row to be retried, with the same webhook-id,
-when the lease ends. Each endpoint has at most PER_ENDPOINT attempts in flight on an instance,
-and rows are only leased for endpoints with a free slot, so a receiver that hangs holds its own
-slots and nothing else. All of this runs in the webhook worker's own tasks, with its database
+when the lease ends. Each endpoint has at most PER_ENDPOINT attempts in flight on an instance
+and LEASED_PER_ENDPOINT rows leased (sent as slots free up: one lease round trip feeds several
+attempts), and rows are only leased for endpoints below that, so a receiver that hangs holds its
+own rows and nothing else. All of this runs in the webhook worker's own tasks, with its database
 work on its own threads (webhooks.worker): presence and messages never wait for it.
 """
 
@@ -29,6 +30,7 @@ from webhooks.models import Delivery, Endpoint
 logger = logging.getLogger("webhooks")
 
 PER_ENDPOINT = 8
+LEASED_PER_ENDPOINT = 4 * PER_ENDPOINT
 CLAIM_BATCH = 500
 # No single wait between retries is longer than this, however many attempts failed.
 MAX_BACKOFF_S = 3600
@@ -67,12 +69,14 @@ def backoff_seconds(attempts: int) -> float:
 
 
 def lease_seconds() -> float:
-    """How long a leased row stays taken: longer than any attempt, so only a dead instance's lapses."""
-    return settings.RELAY_WEBHOOK_TIMEOUT_MS / 1000 * 2 + 10
+    """How long a leased row stays taken: longer than every attempt ahead of it on its endpoint can
+    take, so only a dead instance's lease lapses."""
+    waves = LEASED_PER_ENDPOINT // PER_ENDPOINT
+    return settings.RELAY_WEBHOOK_TIMEOUT_MS / 1000 * (waves + 1) + 10
 
 
 def claim(free: dict[int, int], saturated: set[int], limit: int = CLAIM_BATCH) -> list[Claimed]:
-    """Lease due rows, at most `free[endpoint]` (else PER_ENDPOINT) per endpoint, none of `saturated`."""
+    """Lease due rows, at most `free[endpoint]` (else LEASED_PER_ENDPOINT) per endpoint, none of `saturated`."""
     now = timezone.now()
     due = (
         Delivery.objects.filter(status=Delivery.PENDING, next_attempt_at__lte=now, endpoint__enabled=True)
@@ -83,7 +87,7 @@ def claim(free: dict[int, int], saturated: set[int], limit: int = CLAIM_BATCH) -
     picked: list[int] = []
     taken: dict[int, int] = {}
     for row_id, endpoint_id in due:
-        if taken.get(endpoint_id, 0) < free.get(endpoint_id, PER_ENDPOINT) and len(picked) < limit:
+        if taken.get(endpoint_id, 0) < free.get(endpoint_id, LEASED_PER_ENDPOINT) and len(picked) < limit:
             taken[endpoint_id] = taken.get(endpoint_id, 0) + 1
             picked.append(row_id)
     if not picked:
@@ -201,13 +205,15 @@ async def attempt(client: httpx.AsyncClient, claimed: Claimed, check_url: "async
         if check_url is not None:
             await check_url
         headers = signing.signed_headers(claimed.secret, claimed.webhook_id, claimed.body)
-        response = await client.post(claimed.url, content=claimed.body.encode(), headers=headers)
+        # The whole attempt, not each read: a receiver trickling bytes must not hold it longer.
+        async with asyncio.timeout(settings.RELAY_WEBHOOK_TIMEOUT_MS / 1000):
+            response = await client.post(claimed.url, content=claimed.body.encode(), headers=headers)
         status_code = response.status_code
         if not 200 <= status_code < 300:
             error = f"HTTP {status_code}"
     except addresses.RefusedUrl as refused:
         error = _short(str(refused))
-    except httpx.TimeoutException:
+    except (httpx.TimeoutException, TimeoutError):
         error = "timeout"
     except httpx.HTTPError as failed:
         # The exception's class, not its text: some carry the URL, whose query may hold a secret.

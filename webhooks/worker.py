@@ -79,7 +79,9 @@ class Worker:
         self.stopping = asyncio.Event()
         self.wanted = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
-        self.in_flight: dict[int, int] = {}
+        # Rows leased per endpoint (queued or being sent), and each endpoint's sending slots.
+        self.in_flight: dict[str, int] = {}
+        self.slots: dict[str, asyncio.Semaphore] = {}
         self.outcomes: list[delivery.Outcome] = []
         self.recorded = asyncio.Event()
         self.client = httpx.AsyncClient(
@@ -127,8 +129,8 @@ class Worker:
         claim = on_webhook_threads(delivery.claim)
         while not self.stopping.is_set():
             self.wanted.clear()
-            saturated = {e for e, n in self.in_flight.items() if n >= delivery.PER_ENDPOINT}
-            free = {e: delivery.PER_ENDPOINT - n for e, n in self.in_flight.items()}
+            saturated = {e for e, n in self.in_flight.items() if n >= delivery.LEASED_PER_ENDPOINT}
+            free = {e: delivery.LEASED_PER_ENDPOINT - n for e, n in self.in_flight.items()}
             try:
                 rows = await claim(free, saturated)
             except Exception as error:
@@ -142,22 +144,31 @@ class Worker:
                     await asyncio.wait_for(self.wanted.wait(), POLL_S)
 
     async def _attempt(self, row: delivery.Claimed) -> None:
+        slots = self.slots.get(row.endpoint_id)
+        if slots is None:
+            slots = self.slots[row.endpoint_id] = asyncio.Semaphore(delivery.PER_ENDPOINT)
         try:
-            check = None
-            if not settings.RELAY_WEBHOOK_ALLOW_PRIVATE:
-                # Resolved again at each attempt: a name accepted at creation may point inward now.
-                check = self.loop.run_in_executor(EXECUTOR, addresses.check_url, row.url)
-            outcome = await delivery.attempt(self.client, row, check)
-            self.outcomes.append(outcome)
-            self.recorded.set()
+            async with slots:
+                await self._send(row)
         finally:
             left = self.in_flight.get(row.endpoint_id, 1) - 1
             if left:
                 self.in_flight[row.endpoint_id] = left
             else:
                 self.in_flight.pop(row.endpoint_id, None)
-            # A slot came free: its endpoint's next rows may be leased.
-            self.wanted.set()
+                self.slots.pop(row.endpoint_id, None)
+            if left <= delivery.LEASED_PER_ENDPOINT - delivery.PER_ENDPOINT:
+                # Room for a wave more of its endpoint's rows.
+                self.wanted.set()
+
+    async def _send(self, row: delivery.Claimed) -> None:
+        check = None
+        if not settings.RELAY_WEBHOOK_ALLOW_PRIVATE:
+            # Resolved again at each attempt: a name accepted at creation may point inward now.
+            check = self.loop.run_in_executor(EXECUTOR, addresses.check_url, row.url)
+        outcome = await delivery.attempt(self.client, row, check)
+        self.outcomes.append(outcome)
+        self.recorded.set()
 
     async def _record(self) -> None:
         record = on_webhook_threads(delivery.record)

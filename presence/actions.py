@@ -11,6 +11,7 @@ its own connections.
 import asyncio
 import functools
 import logging
+import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence

@@ -38,8 +38,8 @@ from presence.scripts import (
 from relay import metrics, redis_clients
 from relay.batching import GroupCommit
 from relay.logging import log_event
-from webhooks.stream import reap_streams, user_stream_keys
 from relay.transport.hiredis import pack_with_hiredis
+from webhooks.stream import reap_streams, user_stream_keys
 
 logger = logging.getLogger("presence")
 

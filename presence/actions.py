@@ -336,6 +336,7 @@ class PresenceService:
             # announced (Redis was down at connect), watchers must hear `online` to converge.
             if (had_marker or not held.confirmed) and not self.closed:
                 await self.publish(*subject, "online", held.channels())
+                await self.store.write_event(*subject, "online", held.channels())
         for _, held, _, _ in snapshot.values():
             held.confirmed = True
 

@@ -283,6 +283,14 @@ class PresenceStore:
             [as_text(name) for name in unwritten],
         )
 
+    async def write_event(self, environment_id: str, user_id: str, state: str, channels: Iterable[str]) -> None:
+        """Write a transition decided outside the scripts (a refresh's re-election) to the user's
+        webhook stream, when the environment listens: after the decision, not atomic with it."""
+        keys = user_stream_keys(environment_id, user_id)
+        if keys:
+            fields = {"t": f"user.{state}", "e": environment_id, "u": user_id, "c": ",".join(sorted(channels))}
+            await self.call("webhook_event", lambda: self.client.xadd(keys[0], fields))
+
     async def reap(self, publish_prefix: str | None = None) -> Reaped | None:
         """Take up to REAP_BATCH due deadlines of users nobody refreshes, and decide each.
 

@@ -4,6 +4,7 @@ import pytest
 from django.conf import settings
 from standardwebhooks.webhooks import Webhook
 
+from presence.scripts import marker_key, presence_key
 from tests.support import close_all, connect, heard, http, timings, until, write_lock_held
 from tests.webhook_helpers import Receiver, listening
 
@@ -193,3 +194,18 @@ async def test_no_secret_or_body_reaches_the_logs(live_instances, acme, receiver
     ):
         assert secret_text not in log
     assert gw0.events("webhook.delivered")[0]["status"] == 200
+
+
+async def test_an_online_re_elected_by_the_refresh_is_sent_too(live_instances, acme, receiver, redis_client):
+    (gw0,) = live_instances(1, **timings(**FAST))
+    subscribe(gw0, acme, receiver.url, ["user.online"])
+    await listening([gw0])
+    tuan = await connect(gw0, acme, "tuan")
+    await receiver.wait("user.online", user="tuan")
+    environment = str(acme.environment.id)
+    # What a grace check leaves after finding the key gone and saying `offline`: the refresh
+    # re-elects tuan and says `online` again, to watchers and to the receiver alike.
+    redis_client.delete(presence_key(environment, "tuan"))
+    redis_client.set(marker_key(environment, "tuan"), "1")
+    assert len(await receiver.wait("user.online", 2, user="tuan")) == 2
+    await tuan.close()

@@ -4,6 +4,7 @@ import pytest
 from django.conf import settings
 from standardwebhooks.webhooks import Webhook
 
+from devtools.embedded_redis import EmbeddedRedis
 from presence.scripts import marker_key, presence_key
 from tests.support import close_all, connect, heard, http, timings, until, write_lock_held
 from tests.webhook_helpers import Receiver, listening
@@ -209,3 +210,21 @@ async def test_an_online_re_elected_by_the_refresh_is_sent_too(live_instances, a
     redis_client.set(marker_key(environment, "tuan"), "1")
     assert len(await receiver.wait("user.online", 2, user="tuan")) == 2
     await tuan.close()
+
+
+async def test_after_a_presence_redis_restart_events_flow_again(live_instances, acme, receiver):
+    presence_redis = EmbeddedRedis().start()
+    try:
+        (gw0,) = live_instances(1, **timings(**FAST, RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+        subscribe(gw0, acme, receiver.url, ["user.online"])
+        await listening([gw0])
+        linh = await connect(gw0, acme, "linh")
+        await receiver.wait("user.online", user="linh")
+        presence_redis.stop()
+        presence_redis.start()  # empty: the streams and their consumer group are gone
+        tuan = await connect(gw0, acme, "tuan")
+        # The worker makes the group again and moves tuan's event.
+        await receiver.wait("user.online", user="tuan")
+        await close_all(linh, tuan)
+    finally:
+        presence_redis.close()

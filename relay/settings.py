@@ -257,6 +257,9 @@ LOGGING = {
         # Request lines for every API call are noise next to the event vocabulary.
         "django.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
+        # Never a line per webhook attempt with its URL (whose query may carry the tenant's secret):
+        # webhook.delivered / webhook.failed say what matters, without it.
+        "aiohttp": {"level": "WARNING"},
     },
 }
 

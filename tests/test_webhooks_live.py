@@ -174,7 +174,7 @@ async def test_a_hanging_receiver_delays_neither_presence_nor_another_endpoint(l
 
 async def test_no_secret_or_body_reaches_the_logs(live_instances, acme, receiver):
     (gw0,) = live_instances(1, **timings(**FAST))
-    secret = subscribe(gw0, acme, receiver.url, ["message.created"])["secret"]
+    secret = subscribe(gw0, acme, receiver.url + "?key=url-s3cret", ["message.created"])["secret"]
     await listening([gw0])
     linh = await connect(gw0, acme, "linh")
     receiver.mode = 500

@@ -42,8 +42,10 @@ GROUP = "webhooks"
 # Entries read per XREADGROUP; the block is short so a stopping instance leaves quickly.
 READ_COUNT = 500
 BLOCK_MS = 1000
-# How often the streams are searched for a dead instance's unacknowledged entries.
-CLAIM_EVERY_S = 1.0
+# The streams are searched for a dead instance's unacknowledged entries twice per
+# RELAY_WEBHOOK_CLAIM_MS, within these bounds: a search is one XAUTOCLAIM per bucket.
+CLAIM_EVERY_MIN_S = 0.5
+CLAIM_EVERY_MAX_S = 15.0
 REFRESH_ENVIRONMENTS_S = 1.0
 
 
@@ -300,7 +302,8 @@ async def run_consumer(consumer: Consumer, stopping: asyncio.Event) -> None:
         try:
             await consumer.read_once()
             if time.monotonic() >= next_claim:
-                next_claim = time.monotonic() + CLAIM_EVERY_S
+                every = min(max(settings.RELAY_WEBHOOK_CLAIM_MS / 2000, CLAIM_EVERY_MIN_S), CLAIM_EVERY_MAX_S)
+                next_claim = time.monotonic() + every
                 await consumer.claim_once()
         except asyncio.CancelledError:
             raise

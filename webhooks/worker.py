@@ -27,8 +27,9 @@ from webhooks import addresses, delivery, events, metrics, stream
 logger = logging.getLogger("webhooks")
 
 EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhooks-db")
-# The longest a due row written by another instance waits to be noticed here.
-POLL_S = 0.5
+# The longest a row that came due (a retry, a dead instance's lapsed lease) waits to be noticed;
+# rows written on this instance wake the worker at once.
+POLL_S = 1.0
 
 
 def on_webhook_threads(func: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:

@@ -228,3 +228,21 @@ async def test_after_a_presence_redis_restart_events_flow_again(live_instances, 
         await close_all(linh, tuan)
     finally:
         presence_redis.close()
+
+
+async def test_a_stopping_instance_hands_its_rows_back_for_another_to_send(live_instances, acme, receiver):
+    slow = timings(**FAST, RELAY_WEBHOOK_TIMEOUT_MS=30_000)
+    (gw0,) = live_instances(1, **slow)
+    subscribe(gw0, acme, receiver.url, ["member.added"])
+    receiver.mode = "hang"
+    general = acme.channels["general"].id
+    assert http("PUT", f"{gw0.http_url}/v1/channels/{general}/members/hermit", api_key=acme.api_key)[0] == 201
+    await until(lambda: receiver.hanging >= 1)
+    gw0.stop()
+    assert gw0.process.returncode is not None
+    # Its lease would outlast this test many times: the row was handed back as gw0 stopped.
+    receiver.mode = 200
+    live_instances(1, **slow)
+    delivered = await receiver.wait("member.added")
+    assert delivered[0].id == receiver.requests[0].id
+    assert not [line for line in gw0.events() if line.get("event") == "webhook.release_failed"]

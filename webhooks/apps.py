@@ -8,4 +8,6 @@ class WebhooksConfig(AppConfig):
     def ready(self) -> None:
         # The receivers that write each database-decided event into the outbox, in the
         # transaction of the change itself.
-        from webhooks import outbox  # noqa: F401
+        from webhooks import outbox, worker  # noqa: F401
+
+        worker.stop_on_shutdown()

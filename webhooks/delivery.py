@@ -112,6 +112,13 @@ def claim(free: dict[int, int], saturated: set[int], limit: int = CLAIM_BATCH) -
     ]
 
 
+def release(row_ids: list[int]) -> int:
+    """Hand leased rows back, due now, for any instance to send (a stopping instance's)."""
+    return Delivery.objects.filter(id__in=row_ids, status=Delivery.PENDING).update(
+        lease="", next_attempt_at=timezone.now()
+    )
+
+
 def record(outcomes: list[Outcome]) -> None:
     """Write the attempts' outcomes in one transaction; a 410 disables its endpoint and its backlog."""
     now = timezone.now()

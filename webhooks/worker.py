@@ -11,6 +11,7 @@ HTTP goes through its own client with RELAY_WEBHOOK_TIMEOUT_MS per attempt.
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,6 +28,8 @@ from webhooks import addresses, delivery, events, metrics, stream
 logger = logging.getLogger("webhooks")
 
 EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhooks-db")
+# The longest a stopping instance spends recording outcomes and handing its leased rows back.
+STOP_S = 3.0
 # The longest a row that came due (a retry, a dead instance's lapsed lease) waits to be noticed;
 # rows written on this instance wake the worker at once.
 POLL_S = 1.0
@@ -84,6 +87,9 @@ class Worker:
         # Rows leased per endpoint (queued or being sent), and each endpoint's sending slots.
         self.in_flight: dict[str, int] = {}
         self.slots: dict[str, asyncio.Semaphore] = {}
+        # Rows this instance leased and has not recorded yet, and their attempts' tasks.
+        self.leased: set[int] = set()
+        self.attempts: set[asyncio.Task] = set()
         self.outcomes: list[delivery.Outcome] = []
         self.recorded = asyncio.Event()
         # aiohttp rather than httpx: its pool kept eight concurrent requests to one receiver at a
@@ -144,7 +150,10 @@ class Worker:
                 rows = []
             for row in rows:
                 self.in_flight[row.endpoint_id] = self.in_flight.get(row.endpoint_id, 0) + 1
-                self.loop.create_task(self._attempt(row))
+                self.leased.add(row.id)
+                task = self.loop.create_task(self._attempt(row))
+                self.attempts.add(task)
+                task.add_done_callback(self.attempts.discard)
             if len(rows) < delivery.CLAIM_BATCH:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wanted.wait(), POLL_S)
@@ -187,6 +196,7 @@ class Worker:
             batch, self.outcomes = self.outcomes, []
             try:
                 await record(batch)
+                self.leased.difference_update(outcome.claimed.id for outcome in batch)
             except Exception as error:
                 # Unrecorded attempts are retried when their lease lapses (same webhook-id).
                 log_event(logger, "webhook.record_failed", logging.ERROR, error=type(error).__name__)
@@ -197,10 +207,23 @@ class Worker:
             await asyncio.wait_for(self.stopping.wait(), seconds)
 
     async def stop(self) -> None:
+        """Stop at once: attempts in flight are abandoned and their rows handed back (not lost:
+        another instance sends them, with the same webhook-id), outcomes already known recorded."""
         self.stopping.set()
-        for task in self.tasks:
+        for task in (*self.tasks, *self.attempts):
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*self.tasks, *self.attempts, return_exceptions=True)
+        try:
+            async with asyncio.timeout(STOP_S):
+                if self.outcomes:
+                    batch, self.outcomes = self.outcomes, []
+                    await on_webhook_threads(delivery.record)(batch)
+                    self.leased.difference_update(outcome.claimed.id for outcome in batch)
+                if self.leased:
+                    await on_webhook_threads(delivery.release)(sorted(self.leased))
+        except Exception as error:
+            # Their leases lapse instead: later, never lost.
+            log_event(logger, "webhook.release_failed", logging.ERROR, error=type(error).__name__)
         await self.client.close()
         await self.consumer.close()
 
@@ -215,6 +238,23 @@ def ensure_started() -> None:
         return
     _worker = Worker()
     _worker.start()
+
+
+def stop_on_shutdown() -> None:
+    """Stop this process's worker when Daphne shuts down (its reactor's "before shutdown")."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return
+    from twisted.internet import reactor
+
+    reactor.addSystemEventTrigger("before", "shutdown", _stop)
+
+
+def _stop() -> object:
+    from twisted.internet import defer
+
+    if _worker is None:
+        return None
+    return defer.Deferred.fromFuture(asyncio.ensure_future(_worker.stop()))
 
 
 def wake() -> None:

@@ -124,7 +124,8 @@ def phase_webhooks(world: World, workdir: Path, sizes: Sizes) -> dict:
     rate = sizes.notify_rate
     receiver = Receiver()
     Endpoint.objects.create(environment=world.environment, url=receiver.url, events=EVENTS)
-    env = {**CHURN_TIMINGS, "RELAY_WEBHOOK_ALLOW_PRIVATE": "1"}
+    # A timeout above the receiver's holds: a held request is answered late, not retried.
+    env = {**CHURN_TIMINGS, "RELAY_WEBHOOK_ALLOW_PRIVATE": "1", "RELAY_WEBHOOK_TIMEOUT_MS": "60000"}
     a, b = daphne("relay-webhooks-a", workdir, **env), daphne("relay-webhooks-b", workdir, **env)
     try:
         for server in (a, b):
@@ -150,8 +151,10 @@ def phase_webhooks(world: World, workdir: Path, sizes: Sizes) -> dict:
         released = time.time()
         receiver.send("open")
         burst = _delivered(receiver, before + 2 * subjects)[before:]
-        after = [arrived for _, _, _, arrived in burst if arrived >= released]
-        events_per_s = len(after) / max(max(after, default=released) - released, 1e-3)
+        # Every event of the backlog delivered, from the release to the last receipt (those held
+        # at the gate were answered at the release).
+        last = max(arrived for _, _, _, arrived in burst)
+        events_per_s = 2 * subjects / max(last - released, 1e-3)
 
         # Last: its held requests and their retries are left behind when the instances stop.
         say(f"webhooks: the notify run again, with a receiver that holds every request {HANG_S} s")

@@ -67,7 +67,6 @@ class KnownEnvironments:
 
     def __init__(self) -> None:
         self.ids: frozenset[str] = frozenset()
-        self.loaded = False
 
     def wants(self, environment_id: str) -> bool:
         """Whether presence should write this environment's transitions to a stream."""

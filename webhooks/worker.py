@@ -122,7 +122,6 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 stream.known.ids = await read()
-                stream.known.loaded = True
                 metrics.ENVIRONMENTS.set(len(stream.known.ids))
             except Exception as error:
                 log_event(logger, "webhook.environments_failed", logging.ERROR, error=type(error).__name__)

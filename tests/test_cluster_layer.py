@@ -1,0 +1,133 @@
+"""Relay's channel layer on a Redis Cluster (relay/transport/cluster.py), against a real local cluster."""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis
+
+from devtools.redis_cluster import EmbeddedRedisCluster
+from relay.logging import event_fields
+from relay.transport.cluster import RelayClusterChannelLayer
+from tests.support import until
+
+pytestmark = pytest.mark.cluster
+
+GROUPS = [f"chat.g{n}" for n in range(12)]
+
+
+@pytest.fixture
+async def make_layer(redis_cluster: EmbeddedRedisCluster) -> AsyncIterator[Callable[[], RelayClusterChannelLayer]]:
+    """Layers of separate "processes" on the test cluster, flushed when the test ends."""
+    made: list[RelayClusterChannelLayer] = []
+
+    def make() -> RelayClusterChannelLayer:
+        nodes = [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])) for address in redis_cluster.addresses]
+        layer = RelayClusterChannelLayer(cluster_nodes=nodes, prefix="relay")
+        made.append(layer)
+        return layer
+
+    yield make
+    for layer in made:
+        await layer.flush()
+
+
+def _shard_subscribers(cluster: EmbeddedRedisCluster, channel: str) -> int:
+    client = redis.Redis(host="127.0.0.1", port=cluster.master_of(channel).port)
+    try:
+        return dict(client.execute_command("PUBSUB SHARDNUMSUB", channel))[channel.encode()]
+    finally:
+        client.close()
+
+
+async def test_a_group_add_returns_once_the_groups_master_has_the_subscription(make_layer, redis_cluster):
+    here, elsewhere = make_layer(), make_layer()
+    channel = await here.new_channel()
+    await here.group_add_many(GROUPS, channel)
+    # No wait: each group's master already counts this process among its shard channel's subscribers.
+    assert all(_shard_subscribers(redis_cluster, f"relay__group__{group}") == 1 for group in GROUPS)
+    # The groups spread over every master of the cluster.
+    assert len({redis_cluster.master_of(f"relay__group__{group}").port for group in GROUPS}) == 3
+    await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
+    received = [await here.receive(channel) for _ in GROUPS]
+    assert sorted(message["group"] for message in received) == sorted(GROUPS)
+
+
+async def test_a_send_from_another_process_reaches_the_consumer_through_its_inbox(make_layer):
+    here, elsewhere = make_layer(), make_layer()
+    mine, other = await here.new_channel(), await here.new_channel()
+    await elsewhere.send(mine, {"type": "hello", "to": "mine"})
+    assert await here.receive(mine) == {"type": "hello", "to": "mine"}
+    # A local send skips the cluster and reaches that channel only.
+    await here.send(other, {"type": "probe"})
+    assert await here.receive(other) == {"type": "probe"}
+    assert here._get_layer().channels[mine].empty()
+
+
+async def test_a_discarded_member_hears_nothing_more_and_the_other_member_still_does(make_layer, redis_cluster):
+    here, elsewhere = make_layer(), make_layer()
+    first, second = await here.new_channel(), await here.new_channel()
+    await here.group_add_many(["g.a", "g.shared"], first)
+    await here.group_add_many(["g.shared"], second)
+    await here.group_discard_many(["g.a", "g.shared"], first)
+    # g.a has nobody left here: its master no longer counts this process.
+    assert _shard_subscribers(redis_cluster, "relay__group__g.a") == 0
+    await elsewhere.group_send_many([("g.a", {"type": "gone"}), ("g.shared", {"type": "still"})])
+    assert await here.receive(second) == {"type": "still"}
+    await elsewhere.send(first, {"type": "direct"})
+    # The direct send came after both group messages, and is the first thing `first` hears.
+    assert await here.receive(first) == {"type": "direct"}
+
+
+async def test_a_routed_group_and_a_claimed_prefix_are_handed_over_as_read(make_layer):
+    here, elsewhere = make_layer(), make_layer()
+    first, second = await here.new_channel(), await here.new_channel()
+    routed: list[dict] = []
+    claimed: list[tuple[dict, tuple[str, ...]]] = []
+    await here.route_group("relay.membership", routed.append)
+    here.claim_groups("presence.", lambda message, members: claimed.append((message, members)))
+    for channel in (first, second):
+        await here.group_add_many(["presence.fleet", "chat.fleet"], channel)
+    await elsewhere.group_send_many(
+        [("relay.membership", {"type": "r"}), ("presence.fleet", {"type": "p"}), ("chat.fleet", {"type": "m"})]
+    )
+    assert await here.receive(first) == {"type": "m"}
+    assert await here.receive(second) == {"type": "m"}
+    await until(lambda: routed and claimed)
+    assert routed == [{"type": "r"}]
+    assert [(message, sorted(members)) for message, members in claimed] == [({"type": "p"}, sorted([first, second]))]
+
+
+async def test_scripts_cannot_publish_on_a_cluster_so_presence_publishes_itself(make_layer, redis_url):
+    layer = make_layer()
+    await layer.new_channel()
+    assert layer.publications([("presence.fleet", {"type": "t"})], redis_url) is None
+    assert layer.group_channel_prefix("presence.", redis_url) is None
+
+
+async def test_a_master_failing_over_loses_no_subscription(make_layer, redis_cluster, caplog):
+    caplog.set_level(logging.INFO, logger="relay.transport.cluster")
+    here, elsewhere = make_layer(), make_layer()
+    channel = await here.new_channel()
+    await here.group_add_many(GROUPS, channel)
+    # The sender knows the slot map from before the failover.
+    await elsewhere.group_send(GROUPS[0], {"type": "before"})
+    assert await here.receive(channel) == {"type": "before"}
+    victim = redis_cluster.master_of(f"relay__group__{GROUPS[0]}")
+    await asyncio.to_thread(redis_cluster.kill_master, victim)
+    try:
+        await until(lambda: _logged(caplog, "layer.reconnected"))
+        assert _logged(caplog, "layer.disconnected")
+        # Every group subscribed before the failover hears what is sent after it.
+        await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
+        received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
+        assert sorted(message["group"] for message in received) == sorted(GROUPS)
+        await elsewhere.send(channel, {"type": "direct"})
+        assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "direct"}
+    finally:
+        await asyncio.to_thread(redis_cluster.restart, victim)
+
+
+def _logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict]:
+    return [event_fields(record) for record in caplog.records if record.getMessage() == event]

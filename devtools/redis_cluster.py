@@ -6,11 +6,17 @@ test` installs it when it is missing). Each node is an `EmbeddedRedis` with clus
 persistence off; `redis-cli --cluster create` assigns the slots and pairs each master with a
 replica. Timings are short for tests: a master that stops answering is judged failed after
 `node_timeout_ms`, and its replica takes over without waiting on how fresh its data is.
+
+`python -m devtools.redis_cluster` starts one and prints its RELAY_REDIS_CLUSTER_NODES, until
+Ctrl-C (docs/scaling.md, Redis Cluster).
 """
 
+import contextlib
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import time
 
 import redis
@@ -72,15 +78,20 @@ class EmbeddedRedisCluster:
 
     def start(self, timeout: float = 30.0) -> "EmbeddedRedisCluster":
         """Start every node, assign the slots, and wait until the cluster says it is ok."""
-        for node in self.nodes:
-            node.start()
-        subprocess.run(
-            [self.cli, "--cluster", "create", *self.addresses, "--cluster-replicas", "1", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=timeout,
-        )
-        self.wait_until_ok(timeout)
+        try:
+            for node in self.nodes:
+                node.start()
+            subprocess.run(
+                [self.cli, "--cluster", "create", *self.addresses, "--cluster-replicas", "1", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=timeout,
+            )
+            self.wait_until_ok(timeout)
+        except BaseException:
+            # No node outlives a cluster that did not come up.
+            self.close()
+            raise
         return self
 
     def _live_nodes(self) -> list[EmbeddedRedis]:
@@ -218,3 +229,20 @@ class EmbeddedRedisCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def main() -> int:
+    """Start a cluster, print its nodes, and keep it until Ctrl-C or SIGTERM."""
+    if find_cluster_redis_server() is None:
+        print("relay: Redis Cluster needs redis-server 7 or later (apt-get install redis-server)", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with EmbeddedRedisCluster(node_timeout_ms=2000) as cluster:
+        print(f"RELAY_REDIS_CLUSTER_NODES={cluster.nodes_setting}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -182,6 +182,28 @@ class EmbeddedRedisCluster:
                     return next(node for node in live if node.port == entry["port"])
         raise RuntimeError(f"no live master serves slot {slot}")
 
+    def move_slot_of(self, key: str, to: EmbeddedRedis) -> None:
+        """Move the (keyless) slot of `key` to the master `to`, as `redis-cli --cluster reshard` would."""
+        source = self.master_of(key)
+        ids = {entry["port"]: entry["id"] for entry in self._nodes_view(source)}
+        source_client, target_client = self._client(source), self._client(to)
+        try:
+            slot = source_client.execute_command("CLUSTER KEYSLOT", key)
+            target_client.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source.port])
+            source_client.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[to.port])
+            # No keys to MIGRATE: the slot only carries shard channels. The target first, so
+            # that no node ever says the slot is nobody's.
+            target_client.execute_command("CLUSTER SETSLOT", slot, "NODE", ids[to.port])
+            source_client.execute_command("CLUSTER SETSLOT", slot, "NODE", ids[to.port])
+        finally:
+            source_client.close()
+            target_client.close()
+        deadline = time.monotonic() + 30
+        while self.master_of(key).port != to.port or not self._ok_everywhere():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the slot of {key!r} did not move to port {to.port}")
+            time.sleep(0.05)
+
     def kill_master(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
         """SIGKILL `master`, wait until its replica serves its slots; return the promoted replica."""
         view = self._nodes_view(master)

@@ -106,6 +106,30 @@ async def test_scripts_cannot_publish_on_a_cluster_so_presence_publishes_itself(
     assert layer.group_channel_prefix("presence.", redis_url) is None
 
 
+async def test_a_slot_moving_to_another_master_takes_its_subscriptions_along(make_layer, redis_cluster):
+    here, elsewhere = make_layer(), make_layer()
+    channel = await here.new_channel()
+    await here.group_add_many(["g.moving", "g.staying"], channel)
+    moving = "relay__group__g.moving"
+    await elsewhere.group_send("g.moving", {"type": "before"})
+    assert await here.receive(channel) == {"type": "before"}
+    source = redis_cluster.master_of(moving)
+    target = next(master for master in redis_cluster.masters() if master.port != source.port)
+    await asyncio.to_thread(redis_cluster.move_slot_of, moving, target)
+    # The old master dropped the subscription when it lost the slot; the layer makes it again
+    # on the new one, by itself.
+    await until(lambda: _shard_subscribers(redis_cluster, moving) == 1)
+    await elsewhere.group_send_many([("g.moving", {"type": "moved"}), ("g.staying", {"type": "stayed"})])
+    received = [await asyncio.wait_for(here.receive(channel), 10) for _ in range(2)]
+    assert sorted(message["type"] for message in received) == ["moved", "stayed"]
+    # Still subscribed once: the old master counts nobody on it.
+    source_client = redis.Redis(host="127.0.0.1", port=source.port)
+    try:
+        assert dict(source_client.execute_command("PUBSUB SHARDNUMSUB", moving))[moving.encode()] == 0
+    finally:
+        source_client.close()
+
+
 async def test_a_master_failing_over_loses_no_subscription(make_layer, redis_cluster, caplog):
     caplog.set_level(logging.INFO, logger="relay.transport.cluster")
     here, elsewhere = make_layer(), make_layer()

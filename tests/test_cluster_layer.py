@@ -18,12 +18,12 @@ GROUPS = [f"chat.g{n}" for n in range(12)]
 
 
 @pytest.fixture
-async def make_layer(redis_cluster: EmbeddedRedisCluster) -> AsyncIterator[Callable[[], RelayClusterChannelLayer]]:
-    """Layers of separate "processes" on the test cluster, flushed when the test ends."""
+async def make_layer(redis_cluster: EmbeddedRedisCluster) -> AsyncIterator[Callable[..., RelayClusterChannelLayer]]:
+    """Layers of separate "processes" on the test cluster (or `cluster`), flushed when the test ends."""
     made: list[RelayClusterChannelLayer] = []
 
-    def make() -> RelayClusterChannelLayer:
-        nodes = [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])) for address in redis_cluster.addresses]
+    def make(cluster: EmbeddedRedisCluster = redis_cluster) -> RelayClusterChannelLayer:
+        nodes = [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])) for address in cluster.addresses]
         layer = RelayClusterChannelLayer(cluster_nodes=nodes, prefix="relay")
         made.append(layer)
         return layer
@@ -155,3 +155,24 @@ async def test_a_master_failing_over_loses_no_subscription(make_layer, redis_clu
 
 def _logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict]:
     return [event_fields(record) for record in caplog.records if record.getMessage() == event]
+
+
+async def test_groups_joined_while_the_cluster_is_down_are_subscribed_once_it_is_up(make_layer, caplog):
+    caplog.set_level(logging.INFO, logger="relay.transport.cluster")
+    cluster = EmbeddedRedisCluster()
+    try:
+        here = make_layer(cluster)
+        # Nothing answers yet: the join returns (unconfirmed) instead of stalling the connect.
+        channel = await here.new_channel()
+        await here.group_add_many(GROUPS, channel)
+        assert _logged(caplog, "layer.disconnected")
+        assert not _logged(caplog, "layer.reconnected")
+        await asyncio.to_thread(cluster.start)
+        await until(lambda: _logged(caplog, "layer.reconnected"))
+        await make_layer(cluster).group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
+        received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
+        assert sorted(message["group"] for message in received) == sorted(GROUPS)
+        await make_layer(cluster).send(channel, {"type": "direct"})
+        assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "direct"}
+    finally:
+        cluster.close()

@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis
 
+from devtools.embedded_redis import free_port
 from devtools.redis_cluster import EmbeddedRedisCluster
+from relay.health import ping_cluster
 from relay.logging import event_fields
 from relay.transport.cluster import RelayClusterChannelLayer
 from tests.support import until
@@ -176,3 +178,9 @@ async def test_groups_joined_while_the_cluster_is_down_are_subscribed_once_it_is
         assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "direct"}
     finally:
         cluster.close()
+
+
+def test_readiness_names_a_cluster_that_does_not_answer(redis_cluster):
+    nodes = [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])) for address in redis_cluster.addresses]
+    assert ping_cluster(nodes) == "ok"
+    assert ping_cluster([("127.0.0.1", free_port())]) == "RedisClusterException"

@@ -39,6 +39,11 @@ async def test_messages_presence_and_membership_changes_cross_instances_over_the
     live_instances, acme, redis_cluster, redis_url
 ):
     a, b = live_instances(2, **on_cluster(redis_cluster, redis_url))
+    # Ready: the database, the single Redis and every master of the cluster answer.
+    assert http("GET", f"{a.http_url}/readyz") == (
+        200,
+        {"status": "ok", "checks": {"database": "ok", "redis": "ok", "redis_cluster": "ok"}},
+    )
     await add_user(acme, "mai")
     await add_user(acme, "an")
     ops = await add_channel(acme, "ops", "public", ("mai", "an"))

@@ -204,14 +204,32 @@ class EmbeddedRedisCluster:
                 raise RuntimeError(f"the slot of {key!r} did not move to port {to.port}")
             time.sleep(0.05)
 
-    def kill_master(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
-        """SIGKILL `master`, wait until its replica serves its slots; return the promoted replica."""
+    def fail_over(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
+        """Hand `master`'s slots to its replica gracefully (CLUSTER FAILOVER, as for maintenance); return it."""
+        replica = self._replica_of(master)
+        client = self._client(replica)
+        try:
+            client.execute_command("CLUSTER FAILOVER")
+        finally:
+            client.close()
+        deadline = time.monotonic() + timeout
+        while not (self._promoted(replica) and self._ok_everywhere()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {replica.port} did not take over from port {master.port} within {timeout}s")
+            time.sleep(0.05)
+        return replica
+
+    def _replica_of(self, master: EmbeddedRedis) -> EmbeddedRedis:
         view = self._nodes_view(master)
         master_id = next(entry["id"] for entry in view if entry["port"] == master.port)
-        replica_port = next(entry["port"] for entry in view if entry["master_id"] == master_id)
+        port = next(entry["port"] for entry in view if entry["master_id"] == master_id)
+        return next(node for node in self.nodes if node.port == port)
+
+    def kill_master(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
+        """SIGKILL `master`, wait until its replica serves its slots; return the promoted replica."""
+        replica = self._replica_of(master)
         master.kill()
         deadline = time.monotonic() + timeout
-        replica = next(node for node in self.nodes if node.port == replica_port)
         while not (self._promoted(replica) and self._ok_everywhere()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no replica took over from port {master.port} within {timeout}s")

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis
 
-from devtools.embedded_redis import free_port
+from devtools.embedded_redis import EmbeddedRedis, free_port
 from devtools.redis_cluster import EmbeddedRedisCluster
 from relay.health import ping_cluster
 from relay.logging import event_fields
@@ -36,7 +36,12 @@ async def make_layer(redis_cluster: EmbeddedRedisCluster) -> AsyncIterator[Calla
 
 
 def _shard_subscribers(cluster: EmbeddedRedisCluster, channel: str) -> int:
-    client = redis.Redis(host="127.0.0.1", port=cluster.master_of(channel).port)
+    """The subscribers of a shard channel on the master serving it now."""
+    return _subscribers_on(cluster.master_of(channel), channel)
+
+
+def _subscribers_on(node: EmbeddedRedis, channel: str) -> int:
+    client = redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=5)
     try:
         return dict(client.execute_command("PUBSUB SHARDNUMSUB", channel))[channel.encode()]
     finally:
@@ -130,6 +135,25 @@ async def test_a_slot_moving_to_another_master_takes_its_subscriptions_along(mak
         assert dict(source_client.execute_command("PUBSUB SHARDNUMSUB", moving))[moving.encode()] == 0
     finally:
         source_client.close()
+
+
+async def test_a_graceful_failover_moves_every_subscription_to_the_new_master_once(make_layer, redis_cluster):
+    here, elsewhere = make_layer(), make_layer()
+    channel = await here.new_channel()
+    await here.group_add_many(GROUPS, channel)
+    old = redis_cluster.master_of(f"relay__group__{GROUPS[0]}")
+    on_old = [f"relay__group__{group}" for group in GROUPS if redis_cluster.master_of(f"relay__group__{group}") is old]
+    # The old master becomes its replica's replica and drops its shard channels' subscribers; the
+    # layer subscribes them on the new master, once each.
+    new = await asyncio.to_thread(redis_cluster.fail_over, old)
+    await until(lambda: all(_subscribers_on(new, name) == 1 for name in on_old))
+    assert all(_subscribers_on(old, name) == 0 for name in on_old)
+    await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
+    received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
+    assert sorted(message["group"] for message in received) == sorted(GROUPS)
+    # Heard once each: what follows them is the next thing heard.
+    await elsewhere.send(channel, {"type": "direct"})
+    assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "direct"}
 
 
 async def test_a_master_failing_over_loses_no_subscription(make_layer, redis_cluster, caplog):

@@ -77,6 +77,8 @@ class _Link:
         self.node = node
         self.connection = connection
         self.channels: set[str] = set()
+        # Unsubscribed by this process and not yet confirmed: not a slot that moved away.
+        self.leaving: set[str] = set()
         self.reader: asyncio.Task | None = None
 
 
@@ -127,13 +129,8 @@ class ShardedSubscriptions:
             self.wanted -= gone
             for link in list(self._links.values()):
                 mine = sorted(gone & link.channels)
-                if not mine:
-                    continue
-                link.channels.difference_update(mine)
-                try:
-                    await self._send(link, "SUNSUBSCRIBE", mine)
-                except _TOPOLOGY_ERRORS as error:
-                    self._lost(error)
+                if mine:
+                    await self._unsubscribe_on(link, mine)
 
     async def close(self) -> None:
         """Stop every reader and close every connection."""
@@ -223,8 +220,10 @@ class ShardedSubscriptions:
                     future.set_result(None)
             elif kind == b"sunsubscribe":
                 link.channels.discard(name)
-                if name in self.wanted:
-                    # Not asked for: the slot moved to another master.
+                if name in link.leaving:
+                    link.leaving.discard(name)
+                elif name in self.wanted:
+                    # Not asked for: the slot moved to another master, or this one became a replica.
                     self._lost(None)
 
     def _drop(self, link: _Link) -> None:
@@ -269,21 +268,38 @@ class ShardedSubscriptions:
         await self.cluster.nodes_manager.initialize()
         async with self._lock:
             misplaced = []
+            stale: dict[str, tuple[_Link, list[str]]] = {}
             for name in self.wanted:
                 owner = self.cluster.get_node_from_key(name).name
                 for link in self._links.values():
-                    if link.node.name != owner:
-                        link.channels.discard(name)
+                    if link.node.name != owner and name in link.channels:
+                        stale.setdefault(link.node.name, (link, []))[1].append(name)
                 if name not in self._links.get(owner, _NO_LINK).channels:
                     misplaced.append(name)
-            for link in [link for link in self._links.values() if not link.channels]:
-                self._drop(link)
+            # A node that serves no slot now (a master demoted to replica) is closed, which ends
+            # its subscriptions; a master that lost some slots is told to drop theirs, so that
+            # no channel is heard twice.
+            primaries = {node.name for node in self.cluster.get_primaries()}
+            for link in list(self._links.values()):
+                if link.node.name not in primaries:
+                    self._drop(link)
+            for link, names in stale.values():
+                if self._links.get(link.node.name) is link:
+                    await self._unsubscribe_on(link, names)
             waits = [self._future(name) for name in misplaced]
             if misplaced:
                 await self._place(misplaced)
         if waits:
             await asyncio.wait(waits, timeout=CONFIRM_SECONDS)
         return all(self._held(name) for name in list(self.wanted))
+
+    async def _unsubscribe_on(self, link: _Link, names: Sequence[str]) -> None:
+        link.channels.difference_update(names)
+        link.leaving.update(names)
+        try:
+            await self._send(link, "SUNSUBSCRIBE", names)
+        except _TOPOLOGY_ERRORS as error:
+            self._lost(error)
 
 
 class _NoLink:

@@ -12,6 +12,7 @@ Ctrl-C (docs/scaling.md, Redis Cluster).
 """
 
 import contextlib
+import os
 import re
 import shutil
 import signal
@@ -47,6 +48,8 @@ class EmbeddedRedisCluster:
         if binary is None:
             raise RuntimeError("Redis Cluster needs redis-server 7 or later: apt-get install redis-server")
         self.binary = binary
+        # Ports of nodes stopped with SIGSTOP: alive, but answering nothing.
+        self._frozen: set[int] = set()
         self.cli = str(shutil.which("redis-cli") or "/usr/bin/redis-cli")
         options = (
             "--cluster-enabled",
@@ -95,7 +98,11 @@ class EmbeddedRedisCluster:
         return self
 
     def _live_nodes(self) -> list[EmbeddedRedis]:
-        return [node for node in self.nodes if node._process is not None and node._process.poll() is None]
+        return [
+            node
+            for node in self.nodes
+            if node._process is not None and node._process.poll() is None and node.port not in self._frozen
+        ]
 
     def _client(self, node: EmbeddedRedis) -> redis.Redis:
         client = redis.Redis(
@@ -236,6 +243,29 @@ class EmbeddedRedisCluster:
             time.sleep(0.05)
         return replica
 
+    def freeze_master(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
+        """SIGSTOP `master` (its connections stay open and silent, as a vanished host's); return its successor."""
+        replica = self._replica_of(master)
+        os.kill(master._process.pid, signal.SIGSTOP)
+        self._frozen.add(master.port)
+        deadline = time.monotonic() + timeout
+        while not (self._promoted(replica) and self._ok_everywhere()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no replica took over from frozen port {master.port} within {timeout}s")
+            time.sleep(0.05)
+        return replica
+
+    def thaw(self, node: EmbeddedRedis, timeout: float = 30.0) -> None:
+        """SIGCONT a frozen node and wait until it has rejoined as a replica."""
+        os.kill(node._process.pid, signal.SIGCONT)
+        self._frozen.discard(node.port)
+        deadline = time.monotonic() + timeout
+        while not self._rejoined(node):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {node.port} did not rejoin the cluster within {timeout}s")
+            time.sleep(0.05)
+        self.wait_until_ok(timeout)
+
     def _promoted(self, replica: EmbeddedRedis) -> bool:
         entry = next(entry for entry in self._nodes_view(replica) if "myself" in entry["flags"])
         return "master" in entry["flags"] and bool(entry["slots"])
@@ -262,6 +292,8 @@ class EmbeddedRedisCluster:
     def close(self) -> None:
         """Stop every node and remove their directories."""
         for node in self.nodes:
+            if node.port in self._frozen:
+                os.kill(node._process.pid, signal.SIGCONT)
             node.close()
 
     def __enter__(self) -> "EmbeddedRedisCluster":

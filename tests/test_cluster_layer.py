@@ -156,6 +156,26 @@ async def test_a_graceful_failover_moves_every_subscription_to_the_new_master_on
     assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "direct"}
 
 
+async def test_a_master_gone_silent_is_noticed_and_its_subscriptions_move_to_its_successor(
+    make_layer, redis_cluster, caplog
+):
+    caplog.set_level(logging.INFO, logger="relay.transport.cluster")
+    here, elsewhere = make_layer(), make_layer()
+    channel = await here.new_channel()
+    await here.group_add_many(GROUPS, channel)
+    # Frozen, not killed: its sockets stay open and say nothing, as a host that vanished.
+    silent = redis_cluster.master_of(f"relay__group__{GROUPS[0]}")
+    await asyncio.to_thread(redis_cluster.freeze_master, silent)
+    try:
+        await until(lambda: _logged(caplog, "layer.reconnected"))
+        assert "PINGs unanswered" in _logged(caplog, "layer.disconnected")[0]["error"]
+        await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
+        received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
+        assert sorted(message["group"] for message in received) == sorted(GROUPS)
+    finally:
+        await asyncio.to_thread(redis_cluster.thaw, silent)
+
+
 async def test_a_master_failing_over_loses_no_subscription(make_layer, redis_cluster, caplog):
     caplog.set_level(logging.INFO, logger="relay.transport.cluster")
     here, elsewhere = make_layer(), make_layer()

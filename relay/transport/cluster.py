@@ -17,11 +17,14 @@ What each master holds: the shard channels whose names hash to its slots, the gr
 (`relay__group__<group>`) and process inboxes (`relay__specific.<process>!`) spread across all
 of them. A subscription returns once the master confirmed it, as on one Redis.
 
-Failover and migration: a subscribing connection that breaks, a MOVED answer to an SSUBSCRIBE,
-or an SUNSUBSCRIBE the server sent on its own (the slot moved away) re-reads the slot map and
-subscribes every channel this process wants again on the master that serves it now, retrying
-until every one is confirmed. Messages published while a shard has no master are lost, as on
-one Redis that restarts; what is published once it is back is heard.
+Failover and migration: a subscribing connection that breaks or stops answering PINGs (a host
+that vanished), a MOVED answer to an SSUBSCRIBE, or an SUNSUBSCRIBE the server sent on its own
+(the slot moved away, the master became a replica) re-reads the slot map and subscribes every
+channel this process wants again on the master that serves it now, retrying until every one is
+confirmed. The slot map is re-read on a client of its own: redis-py replaces every node's
+connections when it re-reads one, which would cut the publishes under way. Messages published
+while a shard has no master are lost, as on one Redis that restarts; what is published once it
+is back is heard.
 
 Presence cannot publish from its scripts here (`publications()` and `group_channel_prefix()`
 answer None): a script runs on one master, and the groups it would publish to live on others.
@@ -47,8 +50,18 @@ from relay.transport.pubsub import (
     _Shard,
 )
 
-# Connecting to a master that is gone (a host down rather than a process) must not stall a resync.
+# Connecting to a master that is gone (a host down rather than a process) must not stall a resync,
+# nor reading the slot map from one that went silent.
 CONNECT_SECONDS = 1.0
+TOPOLOGY_SECONDS = 1.0
+# A publish to a master that went silent fails after this (and is retried on the new slot map)
+# instead of stalling its sender until TCP gives up.
+PUBLISH_SECONDS = 5.0
+# How often each subscribing connection is PINGed, and how many PINGs may go unanswered before
+# it is taken for dead: a master whose host vanished (no reset, no unsubscribe) would otherwise
+# leave it waiting for ever, deaf to the failover.
+PING_SECONDS = 1.0
+PINGS_UNANSWERED = 3
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +75,12 @@ _TOPOLOGY_ERRORS = (
 )
 
 
-def cluster_client(nodes: Sequence[tuple[str, int]]) -> RedisCluster:
-    """An asyncio `RedisCluster` that starts from `nodes` (`host`, `port`)."""
+def cluster_client(nodes: Sequence[tuple[str, int]], timeout: float = PUBLISH_SECONDS) -> RedisCluster:
+    """An asyncio `RedisCluster` that starts from `nodes` (`host`, `port`); a command waits `timeout` at most."""
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         socket_connect_timeout=CONNECT_SECONDS,
+        socket_timeout=timeout,
     )
 
 
@@ -79,6 +93,8 @@ class _Link:
         self.channels: set[str] = set()
         # Unsubscribed by this process and not yet confirmed: not a slot that moved away.
         self.leaving: set[str] = set()
+        # PINGs sent since the connection last said anything.
+        self.unanswered = 0
         self.reader: asyncio.Task | None = None
 
 
@@ -94,6 +110,7 @@ class ShardedSubscriptions:
         # Serialises what is sent on the links, so a SUBSCRIBE and an UNSUBSCRIBE keep their order.
         self._lock = asyncio.Lock()
         self._resync: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
         self._resync_again = False
         self._disconnected = False
         self._closed = False
@@ -108,6 +125,8 @@ class ShardedSubscriptions:
         """
         names = list(dict.fromkeys(channels))
         waits = []
+        if self._watch is None:
+            self._watch = asyncio.ensure_future(self._watch_links())
         async with self._lock:
             new = [name for name in names if name not in self.wanted]
             self.wanted.update(new)
@@ -136,8 +155,7 @@ class ShardedSubscriptions:
         """Stop every reader and close every connection."""
         self._closed = True
         tasks = [link.reader for link in self._links.values() if link.reader is not None]
-        if self._resync is not None:
-            tasks.append(self._resync)
+        tasks += [task for task in (self._resync, self._watch) if task is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -173,7 +191,8 @@ class ShardedSubscriptions:
     async def _link(self, node: ClusterNode) -> _Link:
         link = self._links.get(node.name)
         if link is None:
-            connection = node.connection_class(**node.connection_kwargs)
+            # Without the client's read timeout: a subscribed connection waits for messages.
+            connection = node.connection_class(**{**node.connection_kwargs, "socket_timeout": None})
             await connection.connect()
             link = self._links[node.name] = _Link(node, connection)
             link.reader = asyncio.ensure_future(self._read(link))
@@ -207,8 +226,9 @@ class ShardedSubscriptions:
                 self._drop(link)
                 self._lost(error)
                 return
+            link.unanswered = 0
             if not isinstance(reply, list) or len(reply) < 3:
-                continue
+                continue  # a PING's answer
             kind, name = reply[0], reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
             if kind == b"smessage":
                 self.deliver(name, reply[2])
@@ -247,6 +267,22 @@ class ShardedSubscriptions:
             self._resync_again = True
             return
         self._resync = asyncio.ensure_future(self._run_resync())
+
+    async def _watch_links(self) -> None:
+        """PING every link each PING_SECONDS; one that leaves PINGS_UNANSWERED unanswered is dropped."""
+        while True:
+            await asyncio.sleep(PING_SECONDS)
+            for link in list(self._links.values()):
+                if link.unanswered >= PINGS_UNANSWERED:
+                    self._drop(link)
+                    self._lost(redis.TimeoutError(f"{link.node.name} left {link.unanswered} PINGs unanswered"))
+                    continue
+                link.unanswered += 1
+                try:
+                    await link.connection.send_packed_command(link.connection.pack_command("PING"), False)
+                except _TOPOLOGY_ERRORS as error:
+                    self._drop(link)
+                    self._lost(error)
 
     async def _run_resync(self) -> None:
         while True:
@@ -326,7 +362,7 @@ class _ClusterShard(_Shard):
     def _subscriptions(self) -> ShardedSubscriptions:
         if self._sharded is None:
             self._cluster = cluster_client(self._nodes)
-            self._sharded = ShardedSubscriptions(self._cluster, self._deliver)
+            self._sharded = ShardedSubscriptions(cluster_client(self._nodes, TOPOLOGY_SECONDS), self._deliver)
         return self._sharded
 
     def _deliver(self, channel: str, data: bytes) -> None:
@@ -355,6 +391,7 @@ class _ClusterShard(_Shard):
     async def flush(self) -> None:
         if self._sharded is not None:
             await self._sharded.close()
+            await self._sharded.cluster.aclose()
             await self._cluster.aclose()
         self._sharded = self._cluster = None
 

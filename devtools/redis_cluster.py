@@ -185,8 +185,9 @@ class EmbeddedRedisCluster:
                 if span.startswith("["):
                     continue  # a slot being migrated or imported
                 first, _, last = span.partition("-")
-                if int(first) <= slot <= int(last or first):
-                    return next(node for node in live if node.port == entry["port"])
+                serving = next((node for node in live if node.port == entry["port"]), None)
+                if serving is not None and int(first) <= slot <= int(last or first):
+                    return serving
         raise RuntimeError(f"no live master serves slot {slot}")
 
     def move_slot_of(self, key: str, to: EmbeddedRedis) -> None:
@@ -220,17 +221,27 @@ class EmbeddedRedisCluster:
         finally:
             client.close()
         deadline = time.monotonic() + timeout
-        while not (self._promoted(replica) and self._ok_everywhere()):
+        while not (self._promoted(replica) and self._rejoined(master) and self._ok_everywhere()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"port {replica.port} did not take over from port {master.port} within {timeout}s")
             time.sleep(0.05)
         return replica
 
-    def _replica_of(self, master: EmbeddedRedis) -> EmbeddedRedis:
-        view = self._nodes_view(master)
-        master_id = next(entry["id"] for entry in view if entry["port"] == master.port)
-        port = next(entry["port"] for entry in view if entry["master_id"] == master_id)
-        return next(node for node in self.nodes if node.port == port)
+    def _replica_of(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
+        """The live replica of `master`, once `master` knows it (just after a failover it may not yet)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self._nodes_view(master)
+            master_id = next((entry["id"] for entry in view if "myself" in entry["flags"]), None)
+            ports = {
+                entry["port"] for entry in view if entry["master_id"] == master_id and not entry["flags"] & {"fail"}
+            }
+            replicas = [node for node in self._live_nodes() if node.port in ports]
+            if replicas:
+                return replicas[0]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {master.port} has no live replica")
+            time.sleep(0.05)
 
     def kill_master(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
         """SIGKILL `master`, wait until its replica serves its slots; return the promoted replica."""

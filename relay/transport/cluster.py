@@ -191,9 +191,11 @@ class ShardedSubscriptions:
     async def _link(self, node: ClusterNode) -> _Link:
         link = self._links.get(node.name)
         if link is None:
-            # Without the client's read timeout: a subscribed connection waits for messages.
-            connection = node.connection_class(**{**node.connection_kwargs, "socket_timeout": None})
+            connection = node.connection_class(**node.connection_kwargs)
+            # The handshake with the client's timeout (a silent master must not hold the lock for
+            # ever), then none: a subscribed connection waits for messages.
             await connection.connect()
+            connection.socket_timeout = None
             link = self._links[node.name] = _Link(node, connection)
             link.reader = asyncio.ensure_future(self._read(link))
         return link

@@ -31,8 +31,8 @@ class Alive(TypedDict):
 @with_config(ConfigDict(extra="forbid"))
 class Readiness(TypedDict):
     status: Literal["ok", "unavailable"]
-    # database, redis (presence_redis when it is another one, redis_cluster when the layer is on
-    # one): "ok" or the error's name.
+    # database, redis (presence_redis when it is another one); on a Redis Cluster, database,
+    # redis_cluster and presence_redis: "ok" or the error's name.
     checks: dict[str, str]
 
 
@@ -121,10 +121,13 @@ def readyz(request: HttpRequest) -> HttpResponse:
         checks["database"] = "ok"
     except Exception as error:
         checks["database"] = type(error).__name__
-    checks["redis"] = ping(settings.RELAY_REDIS_URL)
     if settings.RELAY_REDIS_CLUSTER_NODES:
+        # The layer on the cluster, presence on its own Redis: RELAY_REDIS_URL serves nothing.
         checks["redis_cluster"] = ping_cluster(settings.RELAY_REDIS_CLUSTER_NODES)
-    if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
         checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
+    else:
+        checks["redis"] = ping(settings.RELAY_REDIS_URL)
+        if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
+            checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse(Readiness(status="ok" if ready else "unavailable", checks=checks), status=200 if ready else 503)

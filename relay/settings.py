@@ -144,7 +144,7 @@ RELAY_REDIS_SENTINEL_MASTER = env_name("RELAY_REDIS_SENTINEL_MASTER", "mymaster"
 
 # Redis Cluster: when set, the channel layer runs on the cluster these nodes belong to (sharded
 # pub/sub, Redis 7 or later). Presence does not run on a cluster yet: it needs a single Redis of
-# its own, named by RELAY_PRESENCE_REDIS_URL. RELAY_REDIS_URL still holds the membership versions.
+# its own, named by RELAY_PRESENCE_REDIS_URL; RELAY_REDIS_URL is then not used.
 RELAY_REDIS_CLUSTER_NODES = env_hosts("RELAY_REDIS_CLUSTER_NODES")
 if RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS:
     raise ImproperlyConfigured(

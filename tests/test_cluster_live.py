@@ -39,10 +39,10 @@ async def test_messages_presence_and_membership_changes_cross_instances_over_the
     live_instances, acme, redis_cluster, redis_url
 ):
     a, b = live_instances(2, **on_cluster(redis_cluster, redis_url))
-    # Ready: the database, the single Redis and every master of the cluster answer.
+    # Ready: the database, every master of the cluster and the presence Redis answer.
     assert http("GET", f"{a.http_url}/readyz") == (
         200,
-        {"status": "ok", "checks": {"database": "ok", "redis": "ok", "redis_cluster": "ok"}},
+        {"status": "ok", "checks": {"database": "ok", "redis_cluster": "ok", "presence_redis": "ok"}},
     )
     await add_user(acme, "mai")
     await add_user(acme, "an")

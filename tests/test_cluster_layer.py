@@ -228,3 +228,15 @@ def test_readiness_names_a_cluster_that_does_not_answer(redis_cluster):
     nodes = [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])) for address in redis_cluster.addresses]
     assert ping_cluster(nodes) == "ok"
     assert ping_cluster([("127.0.0.1", free_port())]) == "RedisClusterException"
+
+
+async def test_a_handler_that_raises_does_not_stop_its_masters_reader(make_layer, caplog):
+    here, elsewhere = make_layer(), make_layer()
+    channel = await here.new_channel()
+    # The same hash tag: both groups live in one slot, read by one connection.
+    await here.route_group("{same-slot}broken", lambda message: 1 / 0)
+    await here.group_add_many(["{same-slot}after"], channel)
+    await elsewhere.group_send("{same-slot}broken", {"type": "boom"})
+    await until(lambda: any(record.getMessage() == "Unexpected exception in receive task" for record in caplog.records))
+    await elsewhere.group_send("{same-slot}after", {"type": "still read"})
+    assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "still read"}

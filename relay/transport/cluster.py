@@ -146,6 +146,11 @@ class ShardedSubscriptions:
         async with self._lock:
             gone = set(channels) & self.wanted
             self.wanted -= gone
+            # Nobody waits on a channel given up before its master confirmed it.
+            for name in gone:
+                future = self._confirming.pop(name, None)
+                if future is not None and not future.done():
+                    future.set_result(None)
             for link in list(self._links.values()):
                 mine = sorted(gone & link.channels)
                 if mine:
@@ -233,7 +238,11 @@ class ShardedSubscriptions:
                 continue  # a PING's answer
             kind, name = reply[0], reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
             if kind == b"smessage":
-                self.deliver(name, reply[2])
+                try:
+                    self.deliver(name, reply[2])
+                except Exception:
+                    # One bad message or handler must not end the reading of every channel here.
+                    logger.exception("Unexpected exception in receive task")
             elif kind == b"ssubscribe":
                 if name in self.wanted:
                     link.channels.add(name)

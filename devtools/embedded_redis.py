@@ -92,6 +92,8 @@ class EmbeddedRedis:
                 try:
                     client.ping()
                     return self
+                except redis.AuthenticationError:
+                    return self  # it answers, and wants a password (`--requirepass`)
                 except redis.ConnectionError:
                     if self._process.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"redis-server did not start on port {self.port}") from None

@@ -43,7 +43,7 @@ def find_cluster_redis_server() -> str | None:
 class EmbeddedRedisCluster:
     """Six redis-server children on free loopback ports: 3 masters, each with one replica."""
 
-    def __init__(self, node_timeout_ms: int = 500) -> None:
+    def __init__(self, node_timeout_ms: int = 500, password: str | None = None) -> None:
         binary = find_cluster_redis_server()
         if binary is None:
             raise RuntimeError("Redis Cluster needs redis-server 7 or later: apt-get install redis-server")
@@ -62,6 +62,10 @@ class EmbeddedRedisCluster:
             "--cluster-replica-validity-factor",
             "0",
         )
+        # A password on every node (and between them, for replication), as managed clusters have.
+        self.password = password
+        if password is not None:
+            options += ("--requirepass", password, "--masterauth", password)
         # The cluster bus gets a free port of its own: its default, the node's port + 10000, may
         # be taken or past 65535.
         self.nodes = [
@@ -85,7 +89,16 @@ class EmbeddedRedisCluster:
             for node in self.nodes:
                 node.start()
             subprocess.run(
-                [self.cli, "--cluster", "create", *self.addresses, "--cluster-replicas", "1", "--cluster-yes"],
+                [
+                    self.cli,
+                    *(("--no-auth-warning", "-a", self.password) if self.password is not None else ()),
+                    "--cluster",
+                    "create",
+                    *self.addresses,
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
                 check=True,
                 capture_output=True,
                 timeout=timeout,
@@ -106,7 +119,12 @@ class EmbeddedRedisCluster:
 
     def _client(self, node: EmbeddedRedis) -> redis.Redis:
         client = redis.Redis(
-            host="127.0.0.1", port=node.port, socket_connect_timeout=0.5, socket_timeout=1, decode_responses=True
+            host="127.0.0.1",
+            port=node.port,
+            password=self.password,
+            socket_connect_timeout=0.5,
+            socket_timeout=1,
+            decode_responses=True,
         )
         # Their text as Redis sends it, the same whatever redis-py's parsing of them.
         for command in ("CLUSTER NODES", "CLUSTER INFO"):

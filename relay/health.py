@@ -7,7 +7,7 @@ RELAY_METRICS_TOKEN when one is set, and only loopback clients when none is.
 
 import hmac
 import ipaddress
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 from django.conf import settings
@@ -20,7 +20,7 @@ from redis.exceptions import RedisClusterException
 from typing_extensions import TypedDict
 
 from relay.api import ErrorBody, Operation, documented, endpoint, error_response
-from relay.redis_clients import cluster_sync_client, sync_client
+from relay.redis_clients import cluster_options, cluster_sync_client, sync_client
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -48,10 +48,10 @@ def ping(url: str, timeout: float = 0.5) -> str:
         client.close()
 
 
-def ping_cluster(nodes: list[tuple[str, int]], timeout: float = 0.5) -> str:
+def ping_cluster(nodes: list[tuple[str, int]], timeout: float = 0.5, **options: Any) -> str:
     """Return "ok" when every master of the Redis Cluster `nodes` belong to answers PING, else the error's name."""
     try:
-        client = cluster_sync_client(nodes, socket_connect_timeout=timeout, socket_timeout=timeout)
+        client = cluster_sync_client(nodes, socket_connect_timeout=timeout, socket_timeout=timeout, **options)
     except (redis.RedisError, RedisClusterException) as error:
         return type(error).__name__
     try:
@@ -122,8 +122,10 @@ def readyz(request: HttpRequest) -> HttpResponse:
     except Exception as error:
         checks["database"] = type(error).__name__
     if settings.RELAY_REDIS_CLUSTER_NODES:
-        # The layer on the cluster, presence on its own Redis: RELAY_REDIS_URL serves nothing.
-        checks["redis_cluster"] = ping_cluster(settings.RELAY_REDIS_CLUSTER_NODES)
+        # The layer on the cluster (with RELAY_REDIS_URL's credentials), presence on its own Redis.
+        checks["redis_cluster"] = ping_cluster(
+            settings.RELAY_REDIS_CLUSTER_NODES, **cluster_options(settings.RELAY_REDIS_URL)
+        )
         checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
     else:
         checks["redis"] = ping(settings.RELAY_REDIS_URL)

@@ -80,3 +80,12 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
 def cluster_sync_client(nodes: list[tuple[str, int]], **options: Any) -> RedisCluster:
     """A blocking client of the Redis Cluster that `nodes` (`host`, `port`) belong to, for health checks."""
     return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in nodes], **options)
+
+
+def cluster_options(url: str) -> dict[str, Any]:
+    """What of `url` applies to a Redis Cluster's nodes: user, password, and TLS for `rediss://`."""
+    parsed = parse_url(url)
+    options = {key: parsed[key] for key in ("username", "password") if parsed.get(key) is not None}
+    if url.startswith("rediss://"):
+        options["ssl"] = True
+    return options

@@ -20,7 +20,7 @@ from relay.env import (
     env_name,
     env_str,
 )
-from relay.redis_clients import layer_host
+from relay.redis_clients import cluster_options, layer_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -144,7 +144,8 @@ RELAY_REDIS_SENTINEL_MASTER = env_name("RELAY_REDIS_SENTINEL_MASTER", "mymaster"
 
 # Redis Cluster: when set, the channel layer runs on the cluster these nodes belong to (sharded
 # pub/sub, Redis 7 or later). Presence does not run on a cluster yet: it needs a single Redis of
-# its own, named by RELAY_PRESENCE_REDIS_URL; RELAY_REDIS_URL is then not used.
+# its own, named by RELAY_PRESENCE_REDIS_URL. Of RELAY_REDIS_URL only the user, the password and
+# TLS (rediss://) are used then, for the cluster's nodes.
 RELAY_REDIS_CLUSTER_NODES = env_hosts("RELAY_REDIS_CLUSTER_NODES")
 if RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS:
     raise ImproperlyConfigured(
@@ -169,7 +170,11 @@ def channel_layers_for(url: str, cluster_nodes: list[tuple[str, int]] | None = N
         return {
             "default": {
                 "BACKEND": "relay.transport.cluster.RelayClusterChannelLayer",
-                "CONFIG": {"cluster_nodes": [list(node) for node in cluster_nodes], "prefix": "relay"},
+                "CONFIG": {
+                    "cluster_nodes": [list(node) for node in cluster_nodes],
+                    "cluster_options": cluster_options(url),
+                    "prefix": "relay",
+                },
             }
         }
     host = layer_host(url, RELAY_REDIS_SENTINELS, RELAY_REDIS_SENTINEL_MASTER)

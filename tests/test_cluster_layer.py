@@ -240,3 +240,35 @@ async def test_a_handler_that_raises_does_not_stop_its_masters_reader(make_layer
     await until(lambda: any(record.getMessage() == "Unexpected exception in receive task" for record in caplog.records))
     await elsewhere.group_send("{same-slot}after", {"type": "still read"})
     assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "still read"}
+
+
+async def test_a_cluster_with_a_password_takes_it_and_a_layer_without_it_gets_nothing(caplog):
+    caplog.set_level(logging.INFO, logger="relay.transport.cluster")
+    secret = "cluster-secret-not-for-logs"
+    cluster = EmbeddedRedisCluster(password=secret)
+    layers: list[RelayClusterChannelLayer] = []
+    try:
+        await asyncio.to_thread(cluster.start)
+        nodes = [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])) for address in cluster.addresses]
+        here, elsewhere, stranger = (
+            RelayClusterChannelLayer(cluster_nodes=nodes, cluster_options=options, prefix="relay")
+            for options in ({"password": secret}, {"password": secret}, {})
+        )
+        layers += [here, elsewhere, stranger]
+        channel = await here.new_channel()
+        await here.group_add_many(GROUPS, channel)
+        await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
+        received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
+        assert sorted(message["group"] for message in received) == sorted(GROUPS)
+        # Without the password: refused, said once in the log, the password nowhere in it.
+        with pytest.raises(redis.RedisClusterException, match="Authentication required"):
+            await stranger.group_send(GROUPS[0], {"type": "intruder"})
+        await stranger.new_channel()
+        await until(lambda: _logged(caplog, "layer.disconnected"))
+        assert all(secret not in record.getMessage() + str(event_fields(record)) for record in caplog.records)
+        assert ping_cluster(nodes, password=secret) == "ok"
+        assert ping_cluster(nodes) != "ok"
+    finally:
+        for layer in layers:
+            await layer.flush()
+        cluster.close()

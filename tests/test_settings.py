@@ -249,3 +249,15 @@ def test_https_settings_follow_the_environment():
     assert read(RELAY_HTTPS="1", RELAY_HSTS_SECONDS="0", RELAY_TRUST_X_FORWARDED_PROTO="1") == (
         "True True 0 ('HTTP_X_FORWARDED_PROTO', 'https')"
     )
+
+
+def test_a_cluster_takes_the_user_password_and_tls_of_relay_redis_url():
+    from relay.redis_clients import cluster_options
+
+    assert cluster_options("rediss://relay:s3cret@ignored.example:6380/0") == {
+        "username": "relay",
+        "password": "s3cret",
+        "ssl": True,
+    }
+    assert cluster_options("redis://:s3cret@ignored.example:6379/0") == {"password": "s3cret"}
+    assert cluster_options("redis://127.0.0.1:6379/0") == {}

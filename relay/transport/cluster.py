@@ -75,12 +75,16 @@ _TOPOLOGY_ERRORS = (
 )
 
 
-def cluster_client(nodes: Sequence[tuple[str, int]], timeout: float = PUBLISH_SECONDS) -> RedisCluster:
-    """An asyncio `RedisCluster` that starts from `nodes` (`host`, `port`); a command waits `timeout` at most."""
+def cluster_client(nodes: Sequence[tuple[str, int]], timeout: float = PUBLISH_SECONDS, **options: Any) -> RedisCluster:
+    """An asyncio `RedisCluster` that starts from `nodes` (`host`, `port`); a command waits `timeout` at most.
+
+    `options` are redis-py's own (`username`, `password`, `ssl`), for every node.
+    """
     return RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         socket_connect_timeout=CONNECT_SECONDS,
         socket_timeout=timeout,
+        **options,
     )
 
 
@@ -364,16 +368,21 @@ class _ClusterShard(_Shard):
     `ShardedSubscriptions` instead.
     """
 
-    def __init__(self, nodes: Sequence[tuple[str, int]], channel_layer: "RelayClusterLoopLayer") -> None:
+    def __init__(
+        self, nodes: Sequence[tuple[str, int]], options: dict[str, Any], channel_layer: "RelayClusterLoopLayer"
+    ) -> None:
         super().__init__({"cluster": list(nodes)}, channel_layer)
         self._nodes = list(nodes)
+        self._options = options
         self._cluster: RedisCluster | None = None
         self._sharded: ShardedSubscriptions | None = None
 
     def _subscriptions(self) -> ShardedSubscriptions:
         if self._sharded is None:
-            self._cluster = cluster_client(self._nodes)
-            self._sharded = ShardedSubscriptions(cluster_client(self._nodes, TOPOLOGY_SECONDS), self._deliver)
+            self._cluster = cluster_client(self._nodes, **self._options)
+            self._sharded = ShardedSubscriptions(
+                cluster_client(self._nodes, TOPOLOGY_SECONDS, **self._options), self._deliver
+            )
         return self._sharded
 
     def _deliver(self, channel: str, data: bytes) -> None:
@@ -410,9 +419,12 @@ class _ClusterShard(_Shard):
 class RelayClusterLoopLayer(RelayPubSubLoopLayer):
     """The per-event-loop half of `RelayClusterChannelLayer`."""
 
-    def __init__(self, cluster_nodes: Sequence[Sequence[Any]], **kwargs: Any) -> None:
+    def __init__(
+        self, cluster_nodes: Sequence[Sequence[Any]], cluster_options: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
-        self._shards = [_ClusterShard([(str(host), int(port)) for host, port in cluster_nodes], self)]
+        nodes = [(str(host), int(port)) for host, port in cluster_nodes]
+        self._shards = [_ClusterShard(nodes, dict(cluster_options or {}), self)]
 
     def publications(self, sends: Sequence[tuple[str, dict]], redis_url: str) -> None:
         """None: no script on one master may publish to shard channels of other slots."""
@@ -424,7 +436,11 @@ class RelayClusterLoopLayer(RelayPubSubLoopLayer):
 
 
 class RelayClusterChannelLayer(RelayPubSubChannelLayer):
-    """`RelayPubSubChannelLayer` on a Redis Cluster: CONFIG `{"cluster_nodes": [[host, port], ...], "prefix": ...}`."""
+    """`RelayPubSubChannelLayer` on a Redis Cluster.
+
+    CONFIG: `{"cluster_nodes": [[host, port], ...], "cluster_options": {redis-py's username,
+    password, ssl}, "prefix": ...}`.
+    """
 
     def _get_layer(self) -> RelayClusterLoopLayer:
         loop = asyncio.get_running_loop()

@@ -3,9 +3,11 @@
 Written against redis-py 6.4 (requirements.txt: >=5,<7) and channels-redis 4.3. redis-py's
 asyncio `RedisCluster` publishes (SPUBLISH is routed by its channel's slot, MOVED and failovers
 handled by the client), but it has no pub/sub before redis-py 8.0 (redis/redis-py#2219, closed
-by redis/redis-py#3736), outside the range the rest of Relay is written for. So the SSUBSCRIBE
-side is here: one connection per master, opened from the `ClusterNode` that `RedisCluster`
-maps a channel's slot to, read as a plain RESP stream. It reaches into redis-py for two things,
+by redis/redis-py#3736), outside the range the rest of Relay is written for (redis-py 8 also
+makes RESP3 the default). coredis has sharded pub/sub, but would be a second Redis client beside
+redis-py for this one feature. So the SSUBSCRIBE side is here: one connection per master,
+opened from the `ClusterNode` that `RedisCluster` maps a channel's slot to, read as a plain RESP
+stream. It reaches into redis-py for two things,
 both guarded by tests/test_transport_guards.py: `nodes_manager.initialize()` to re-read the slot
 map after a failover or a slot migration, and a node's `connection_class`/`connection_kwargs`
 to open the subscribing connections as the client opens its own. The layer is

@@ -7,10 +7,10 @@ by redis/redis-py#3736), outside the range the rest of Relay is written for (red
 makes RESP3 the default). coredis has sharded pub/sub, but would be a second Redis client beside
 redis-py for this one feature. So the SSUBSCRIBE side is here: one connection per master,
 opened from the `ClusterNode` that `RedisCluster` maps a channel's slot to, read as a plain RESP
-stream. It reaches into redis-py for two things,
-both guarded by tests/test_transport_guards.py: `nodes_manager.initialize()` to re-read the slot
-map after a failover or a slot migration, and a node's `connection_class`/`connection_kwargs`
-to open the subscribing connections as the client opens its own. The layer is
+stream. It reaches into redis-py for two things, both guarded by tests/test_transport_guards.py:
+`nodes_manager.initialize()` to re-read the slot map after a failover or a slot migration, and a
+node's `connection_class`/`connection_kwargs` to open the subscribing connections as the client
+opens its own. The layer is
 `relay.transport.pubsub`'s with its one shard replaced by `_ClusterShard` (same groups, wire
 format, process inbox and hooks); channels-redis itself has no cluster support
 (django/channels_redis#420).

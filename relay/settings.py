@@ -20,7 +20,7 @@ from relay.env import (
     env_name,
     env_str,
 )
-from relay.redis_clients import layer_host
+from relay.redis_clients import cluster_options, layer_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -143,13 +143,41 @@ RELAY_PRESENCE_REDIS_URL = check_redis_url(
 RELAY_REDIS_SENTINELS = env_hosts("RELAY_REDIS_SENTINELS")
 RELAY_REDIS_SENTINEL_MASTER = env_name("RELAY_REDIS_SENTINEL_MASTER", "mymaster")
 
+# Redis Cluster: when set, the channel layer runs on the cluster these nodes belong to (sharded
+# pub/sub, Redis 7 or later). Presence does not run on a cluster yet: it needs a single Redis of
+# its own, named by RELAY_PRESENCE_REDIS_URL. Of RELAY_REDIS_URL only the user, the password and
+# TLS (rediss://) are used then, for the cluster's nodes.
+RELAY_REDIS_CLUSTER_NODES = env_hosts("RELAY_REDIS_CLUSTER_NODES")
+if RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS:
+    raise ImproperlyConfigured(
+        "RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS are both set: a Redis Cluster fails over by "
+        "itself, without sentinels; set one of them"
+    )
+if RELAY_REDIS_CLUSTER_NODES and not env_str("RELAY_PRESENCE_REDIS_URL"):
+    raise ImproperlyConfigured(
+        "RELAY_REDIS_CLUSTER_NODES needs RELAY_PRESENCE_REDIS_URL: presence does not run on a Redis Cluster "
+        "yet, so it needs a single Redis of its own (redis://host:port/db)"
+    )
 
-def channel_layers_for(url: str) -> dict:
-    """Return the CHANNEL_LAYERS setting for a Redis at `url` (through the sentinels, when set).
+
+def channel_layers_for(url: str, cluster_nodes: list[tuple[str, int]] | None = None) -> dict:
+    """Return the CHANNEL_LAYERS setting for a Redis at `url` (through the sentinels, when set), or a cluster.
 
     One PUBLISH per group send and one subscription per group per process: each instance
-    fans out to its local sockets, as docs/presence.md, Fan-out describes.
+    fans out to its local sockets, as docs/presence.md, Fan-out describes. On a Redis Cluster
+    (`cluster_nodes`), the same with SPUBLISH and SSUBSCRIBE (relay/transport/cluster.py).
     """
+    if cluster_nodes:
+        return {
+            "default": {
+                "BACKEND": "relay.transport.cluster.RelayClusterChannelLayer",
+                "CONFIG": {
+                    "cluster_nodes": [list(node) for node in cluster_nodes],
+                    "cluster_options": cluster_options(url),
+                    "prefix": "relay",
+                },
+            }
+        }
     host = layer_host(url, RELAY_REDIS_SENTINELS, RELAY_REDIS_SENTINEL_MASTER)
     return {
         "default": {
@@ -159,7 +187,7 @@ def channel_layers_for(url: str) -> dict:
     }
 
 
-CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL)
+CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL, RELAY_REDIS_CLUSTER_NODES)
 
 # ── Presence (docs/contract.md, 4. Presence semantics) ────────────────────────
 # The production defaults, asserted once as constants by tests/test_settings.py.

@@ -121,6 +121,16 @@ class Timings:
         """
         return self.ttl + self.grace + self.margin + 2 * self.refresh
 
+    @property
+    def epoch_ttl(self) -> int:
+        """How long the epoch lives past the last refresh that renewed it.
+
+        No deadline in a dump can be due before the dump's epoch has expired: a deadline is
+        written by a refresh at most one interval before the epoch's last renewal, and lasts
+        TTL + grace from it. Two intervals at least, so the epoch never lapses between refreshes.
+        """
+        return max(self.ttl + self.grace - self.refresh, 2 * self.refresh)
+
 
 def client_options() -> dict:
     """The fail-fast socket options every presence client uses, async or blocking."""
@@ -259,7 +269,7 @@ class PresenceStore:
         Returns the re-elected users (with whether an `offline` marker stood) and the users whose
         channels Redis no longer has; None when Redis did not answer.
         """
-        args: list = [self.timings.ttl, self.timings.grace, fresh_epoch()]
+        args: list = [self.timings.ttl, self.timings.grace, fresh_epoch(), self.timings.epoch_ttl]
         for name, channels, connection_ids in held:
             args += [name, "" if channels is None else "=" + ",".join(channels), len(connection_ids), *connection_ids]
         reply = await self.call("refresh", lambda: self._refresh(keys=[DEADLINES, EPOCH], args=args))
@@ -278,7 +288,10 @@ class PresenceStore:
         each winner's `offline` is PUBLISHed inside the script; without it the caller publishes.
         """
         t = self.timings
-        args = [t.marker_ttl, t.grace, REAP_BATCH, t.refresh, fresh_epoch(), str(uuid.uuid4()), publish_prefix or ""]
+        # A deadline of another epoch waits two refresh intervals, not one: a holder's first call
+        # after Redis restarted can fail on a connection the restart closed (no retries here).
+        wait = 2 * t.refresh
+        args = [t.marker_ttl, t.grace, REAP_BATCH, wait, fresh_epoch(), str(uuid.uuid4()), publish_prefix or ""]
         reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH], args=args))
         if reply is None:
             return None

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare
+from bench import compare, rooms
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -909,6 +909,7 @@ PHASES = (
     "reap",
     "bigroom",
     "paced",
+    "midroom",
 )
 
 
@@ -1011,6 +1012,8 @@ def main() -> int:
             results.update(compare.phase_bigroom(world, workdir, sizes, redis_client))
         if fresh("paced"):
             results.update(compare.phase_paced(world, workdir, sizes))
+        if fresh("midroom"):
+            results.update(rooms.phase_midroom(world, workdir, mode, redis_client))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

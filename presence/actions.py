@@ -208,6 +208,9 @@ class PresenceService:
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
+            if epoch is not None:
+                # Like the key, the user's entries in their channels' online sets last the grace.
+                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.grace)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -273,6 +276,8 @@ class PresenceService:
             _published(user_id, "offline", len(ordered))
         elif outcome == 1:
             await self.publish(environment_id, user_id, "offline", ordered, transition_id)
+        if outcome == 1:
+            await self.store.channels_gone([(user_id, ordered)])
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
@@ -323,9 +328,14 @@ class PresenceService:
             (name, None if held.written == channels else sorted(channels), admitted)
             for name, (_, held, admitted, channels) in snapshot.items()
         ]
+        seen: dict[str, list[str]] = {}
+        for (_, user_id), _, _, channels in snapshot.values():
+            for channel_id in channels:
+                seen.setdefault(channel_id, []).append(user_id)
         self._refreshing = asyncio.get_running_loop().create_future()
         try:
             reply = await self.store.refresh(sent)
+            await self.store.channels_seen(seen, self.timings.ttl)
         finally:
             self._refreshing.set_result(None)
             self._refreshing = None
@@ -354,8 +364,11 @@ class PresenceService:
             if reaped is None:
                 return
             unpublished = []
+            gone = []
             for name, won, channels in reaped.decided:
                 subject = split_member(name)
+                if won:
+                    gone.append((subject[1], channels))
                 if not won:
                     suppressed(subject[1], "offline", ANOTHER_PUBLISHED)
                 elif prefix is not None:
@@ -364,6 +377,7 @@ class PresenceService:
                 else:
                     unpublished.append((subject, Owed("offline", channels, str(uuid.uuid4()))))
             await self._publish_in_turn(unpublished)
+            await self.store.channels_gone(gone)
             if reaped.due < REAP_BATCH:
                 return
 

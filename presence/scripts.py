@@ -27,6 +27,8 @@ before adding a command to it. The async client that calls them is presence/stor
 
 import uuid
 
+from presence.keys import channel_tag
+
 DEADLINES = "presence:deadlines"
 EPOCH = "presence:epoch"
 
@@ -60,6 +62,15 @@ def connections_key(environment_id: str, user_id: str) -> str:
 def channels_key(environment_id: str, user_id: str) -> str:
     """The hash beside the deadline: the user's channel ids (`c`) and the epoch they were written in (`e`)."""
     return f"presence:channels:{member(environment_id, user_id)}"
+
+
+def channel_online_key(channel_id: str) -> str:
+    """The sorted set of the channel's online members (user ids; score = until when, Redis ms).
+
+    Kept by CHANNEL_SEEN, a script of this channel alone (its hash tag), so who is online in a
+    channel is one read instead of one per member.
+    """
+    return f"presence:online:{channel_tag(channel_id)}"
 
 
 def fresh_epoch() -> str:
@@ -461,5 +472,49 @@ for _, name in ipairs(due) do
   end
 end
 return decided
+"""
+)
+
+
+# ── a channel's online members ───────────────────────────────────────────────
+
+# This script is performance-sensitive: every connect runs it once per channel of the user, and
+# every refresh once per channel of the users the instance holds. It touches the one key of one
+# channel (cluster-ready: declared in KEYS, the channel's hash tag).
+#
+# KEYS: the channel's online set. ARGV: for how long (ms from now) the users count as online,
+# what to answer ("members": the online user ids, "count": how many, "": nothing), then the user
+# ids seen online. A score is an expiry, renewed by the refresh, so an entry that no `offline`
+# removed (an instance died between the user's script and this one) goes by itself; GT keeps a
+# longer pin (a close's grace) from being shortened by a connect or refresh elsewhere.
+#
+# Equivalent Python:
+#
+#     online = {u: until for u, until in online.items() if until > now}
+#     for user in users:
+#         online[user] = max(online.get(user, 0), now + for_ms)
+#     online.expire(max(online.pttl(), for_ms))
+#     if answer == "members":
+#         return list(online)
+#     if answer == "count":
+#         return len(online)
+#     return 0
+CHANNEL_SEEN = (
+    _NOW
+    + """
+local for_ms = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 3, #ARGV do
+  redis.call('ZADD', KEYS[1], 'GT', now + for_ms, ARGV[i])
+end
+if redis.call('PTTL', KEYS[1]) < for_ms then
+  redis.call('PEXPIRE', KEYS[1], for_ms)
+end
+if ARGV[2] == 'members' then
+  return redis.call('ZRANGE', KEYS[1], 0, -1)
+elseif ARGV[2] == 'count' then
+  return redis.call('ZCARD', KEYS[1])
+end
+return 0
 """
 )

@@ -6,6 +6,7 @@ at most for the one pipeline ahead of it) and a failure is logged once per call 
 `presence.failed {op, error}` and answered with None, so presence degrades alone.
 """
 
+import asyncio
 import logging
 import time
 import uuid
@@ -22,12 +23,14 @@ from redis.exceptions import NoScriptError
 
 from presence.scripts import (
     ADMIT,
+    CHANNEL_SEEN,
     DEADLINES,
     EPOCH,
     GRACE_CHECK,
     REAP,
     REFRESH,
     RELEASE,
+    channel_online_key,
     channels_key,
     connections_key,
     fresh_epoch,
@@ -156,6 +159,7 @@ class PresenceStore:
         self._grace_check = self.client.register_script(GRACE_CHECK)
         self._refresh = self.client.register_script(REFRESH)
         self._reap = self.client.register_script(REAP)
+        self._channel_seen = self.client.register_script(CHANNEL_SEEN)
         # A connect's or close's script goes with the calls made while one round trip is in flight
         # (relay.batching). One call each would put hundreds in flight in a burst, each queued
         # behind the others' set-up on redis-py's pool lock. A call alone goes at once.
@@ -203,7 +207,10 @@ class PresenceStore:
 
         `online` is read after this connection's own election, so it includes the user when admitted.
         Each (channel, payload) of `publish` is PUBLISHed by Redis if, and only if, this connection wins.
-        `channels` (the user's channel ids) are kept beside the deadline for the reaper.
+        `channels` (the user's channel ids) are kept beside the deadline for the reaper, and the
+        user is added to each channel's online set, whose members (those in `watch`) are the
+        snapshot: one read per channel, not one per co-member. A refused connection's user is
+        online elsewhere already, so the additions stand either way.
         """
         t = self.timings
         keys = [
@@ -215,16 +222,28 @@ class PresenceStore:
             EPOCH,
         ]
         name = member(environment_id, user_id)
+        channels = list(channels)
         args = [connection_id, t.ttl, t.grace, t.max_connections, name, environment_id, fresh_epoch()]
         args.append(",".join(channels))
-        args += [len(publish), *(part for pair in publish for part in pair), *watch]
-        reply = await self.call("admit", lambda: self._script(self._admit, keys, args))
-        if reply is None:
+        args += [len(publish), *(part for pair in publish for part in pair)]
+
+        def work() -> Awaitable[list]:
+            # Submitted together, so they go in one pipeline, the election first.
+            seen = [self._seen(channel_id, t.ttl, "members", [user_id]) for channel_id in channels]
+            return asyncio.gather(self._script(self._admit, keys, args), *seen)
+
+        replies = await self.call("admit", work)
+        if replies is None:
             return None
+        reply, *members = replies
+        wanted = set(watch)
+        online = {as_text(uid) for found in members for uid in found}
+        if reply[0]:
+            online.add(user_id)  # online by this very election, even in no channel
         return Election(
             admitted=bool(reply[0]),
             won=reply[1] == 1,
-            online=[as_text(uid) for uid in reply[2:]],
+            online=sorted(online & wanted),
             unretracted=reply[1] == 2,
         )
 
@@ -300,6 +319,30 @@ class PresenceStore:
             for i in range(1, len(reply), 3)
         ]
         return Reaped(due=int(reply[0]), decided=decided)
+
+    async def channels_seen(self, seen: dict[str, list[str]], for_ms: int, op: str = "channels_seen") -> None:
+        """Mark each channel's users online for `for_ms` from now (GT: never shortening), one script per channel."""
+        if not seen:
+            return
+
+        await self.call(op, lambda: asyncio.gather(*(self._seen(c, for_ms, "", users) for c, users in seen.items())))
+
+    def _seen(self, channel_id: str, for_ms: int, answer: str, user_ids: Sequence[str]) -> Awaitable[object]:
+        return self._script(self._channel_seen, [channel_online_key(channel_id)], [for_ms, answer, *user_ids])
+
+    async def channels_gone(self, gone: Sequence[tuple[str, Iterable[str]]]) -> None:
+        """Take each (user id, channel ids) out of those channels' online sets (their `offline` was decided)."""
+        removals = [(channel_id, user_id) for user_id, channel_ids in gone for channel_id in channel_ids]
+        if not removals:
+            return
+
+        async def work() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for channel_id, user_id in removals:
+                pipe.zrem(channel_online_key(channel_id), user_id)
+            await pipe.execute()
+
+        await self.call("channels_gone", work)
 
     async def online(self, environment_id: str, user_ids: Sequence[str]) -> list[str] | None:
         """Return which of the environment's `user_ids` are online now, in one MGET."""

@@ -13,7 +13,7 @@ import functools
 import logging
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
@@ -131,12 +131,15 @@ class PresenceService:
         self._tasks: set[asyncio.Task] = set()
 
     # ── connections ──────────────────────────────────────────────────────────
-    async def connect(self, conn: Connection, watch: Sequence[str]) -> list[str] | None:
+    async def connect(
+        self, conn: Connection, watch: Sequence[str], large: Collection[str] = ()
+    ) -> tuple[list[str], dict[str, int]] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
-        Returns which of `watch` are online, read in the same round trip after the election
-        (None when Redis did not answer). Raises ConnectionRefused(4429) when the user already
-        holds the maximum of connections anywhere; nothing is changed then. With Redis
+        Returns which of `watch` are online and how many are in each `large` channel, read in
+        the same round trip after the election (None when Redis did not answer). Raises
+        ConnectionRefused(4429) when the user already holds the maximum of connections
+        anywhere; nothing is changed then. With Redis
         unreachable the connection is admitted (presence must not take sockets down with it)
         and the refresh announces it later.
         """
@@ -157,7 +160,7 @@ class PresenceService:
         held.admitting.add(conn.connection_id)
         try:
             election = await self.store.elect(
-                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or (), channels
+                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or (), channels, large
             )
         finally:
             held.admitting.discard(conn.connection_id)
@@ -181,7 +184,7 @@ class PresenceService:
             _published(conn.user_id, "online", len(channels))
         else:
             await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id)
-        return election.online
+        return election.online, election.occupancy
 
     async def disconnect(self, conn: Connection) -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""

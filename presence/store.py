@@ -10,8 +10,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import redis
@@ -77,6 +77,8 @@ class Election:
     # The key was gone but the user's last `online` was never retracted (their instance died):
     # this connection took the key over and has nothing to publish.
     unretracted: bool = False
+    # How many are online in each of the user's large channels (counted, not listed).
+    occupancy: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,7 @@ class PresenceStore:
         watch: Sequence[str] = (),
         publish: Sequence[tuple[str, bytes]] = (),
         channels: Iterable[str] = (),
+        large: Collection[str] = (),
     ) -> Election | None:
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
@@ -209,8 +212,9 @@ class PresenceStore:
         Each (channel, payload) of `publish` is PUBLISHed by Redis if, and only if, this connection wins.
         `channels` (the user's channel ids) are kept beside the deadline for the reaper, and the
         user is added to each channel's online set, whose members (those in `watch`) are the
-        snapshot: one read per channel, not one per co-member. A refused connection's user is
-        online elsewhere already, so the additions stand either way.
+        snapshot: one read per channel, not one per co-member. Of a `large` channel the read is
+        a count (the snapshot's occupancy), whatever the channel's size. A refused connection's
+        user is online elsewhere already, so the additions stand either way.
         """
         t = self.timings
         keys = [
@@ -229,7 +233,10 @@ class PresenceStore:
 
         def work() -> Awaitable[list]:
             # Submitted together, so they go in one pipeline, the election first.
-            seen = [self._seen(channel_id, t.ttl, "members", [user_id]) for channel_id in channels]
+            seen = [
+                self._seen(channel_id, t.ttl, "count" if channel_id in large else "members", [user_id])
+                for channel_id in channels
+            ]
             return asyncio.gather(self._script(self._admit, keys, args), *seen)
 
         replies = await self.call("admit", work)
@@ -237,7 +244,8 @@ class PresenceStore:
             return None
         reply, *members = replies
         wanted = set(watch)
-        online = {as_text(uid) for found in members for uid in found}
+        occupancy = {c: int(found) for c, found in zip(channels, members, strict=True) if c in large}
+        online = {as_text(uid) for c, found in zip(channels, members, strict=True) if c not in large for uid in found}
         if reply[0]:
             online.add(user_id)  # online by this very election, even in no channel
         return Election(
@@ -245,6 +253,7 @@ class PresenceStore:
             won=reply[1] == 1,
             online=sorted(online & wanted),
             unretracted=reply[1] == 2,
+            occupancy=occupancy,
         )
 
     async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> str | None:
@@ -326,6 +335,20 @@ class PresenceStore:
             return
 
         await self.call(op, lambda: asyncio.gather(*(self._seen(c, for_ms, "", users) for c, users in seen.items())))
+
+    async def occupancy(self, channel_ids: Sequence[str]) -> dict[str, int] | None:
+        """How many are online in each channel now, one count per channel; None on failure."""
+
+        async def work() -> list:
+            return await asyncio.gather(*(self._seen(c, self.timings.ttl, "count", []) for c in channel_ids))
+
+        counts = await self.call("occupancy", work)
+        return None if counts is None else {c: int(n) for c, n in zip(channel_ids, counts, strict=True)}
+
+    async def channel_members(self, channel_id: str) -> list[str] | None:
+        """The user ids online in one channel now; None on failure."""
+        found = await self.call("channel_members", lambda: self._seen(channel_id, self.timings.ttl, "members", []))
+        return None if found is None else [as_text(uid) for uid in found]
 
     def _seen(self, channel_id: str, for_ms: int, answer: str, user_ids: Sequence[str]) -> Awaitable[object]:
         return self._script(self._channel_seen, [channel_online_key(channel_id)], [for_ms, answer, *user_ids])

@@ -775,6 +775,7 @@ TARGETS = {
     "ratio.bigroom_connect_cpu_vs_small": ("<=", 3),
     "reconnect_flicker_frames": ("<=", 0),
     "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
+    **rooms.TARGETS,
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -910,6 +911,7 @@ PHASES = (
     "bigroom",
     "paced",
     "midroom",
+    "hugeroom",
 )
 
 
@@ -1014,6 +1016,8 @@ def main() -> int:
             results.update(compare.phase_paced(world, workdir, sizes))
         if fresh("midroom"):
             results.update(rooms.phase_midroom(world, workdir, mode, redis_client))
+        if fresh("hugeroom"):
+            results.update(rooms.phase_hugeroom(world, workdir, mode, redis_client))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

@@ -49,6 +49,12 @@ KEYS = {
     "connect_cpu_ms.burst",
     "connect_cpu_ms.paced",
     "ratio.connect_cpu_paced_vs_burst",
+    "midroom.notify_p99_ms",
+    "midroom.redis_cmds_per_connect",
+    "hugeroom.connect_cpu_vs_small",
+    "hugeroom.redis_cmds_per_connect_vs_small",
+    "hugeroom.occupancy_lag_p99_ms",
+    "hugeroom.snapshot_bytes",
 }
 PEER_KEYS = {
     "notify.p50_ms",

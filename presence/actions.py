@@ -207,7 +207,7 @@ class PresenceService:
             # would wait for the reaper. The release goes once Redis has answered it.
             await refreshing
         # AWAITED before the timer is armed: the re-pin's round trip then sits inside the wait
-        # instead of racing the check (seed 004, R2b).
+        # instead of racing the check (docs/presence.md, The races: the margin).
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)

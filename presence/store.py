@@ -48,7 +48,7 @@ logger = logging.getLogger("presence")
 T = TypeVar("T")
 
 # Long enough to fail over to a dead peer, short enough that a dead store is noticed on the
-# call that hit it rather than after a queue of them ("fail fast rather than queue").
+# call that hit it rather than after a queue of them (docs/presence.md, Failure behaviour).
 TIMEOUT_SECONDS = 0.5
 # How many due deadlines one REAP script takes: a pass runs scripts until fewer are due, and
 # one script of this size holds Redis for a few milliseconds.

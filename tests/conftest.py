@@ -1,6 +1,6 @@
 """Shared fixtures: a real Redis, tenants with their personas, API clients, live instances and clocks.
 
-Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
+Who is who: in tenant "acme", linh and tuan share the channels
 "fleet" (private) and "general" (public); "hermit" belongs to nothing. Tenant
 "globex" is the other side of every tenant wall and has its own "linh".
 """

@@ -39,7 +39,7 @@ MIDROOM = {"full": (320, 20, 100, 3.0), "quick": (320, 20, 100, 3.0), "smoke": (
 # (members, connecting, watchers, seconds of the wave, large_room_members) per mode.
 HUGEROOM = {
     "full": (10_000, 2_000, 20, 10.0, 1_000),
-    "quick": (10_000, 2_000, 20, 10.0, 1_000),
+    "quick": (10_000, 1_000, 20, 10.0, 1_000),
     "smoke": (60, 20, 3, 1.0, 10),
 }
 

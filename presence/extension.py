@@ -70,7 +70,16 @@ class PresenceExtension(registry.Extension):
         delivery.fanout().live(conn)
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
-        await reads.announce_new_co_members(conn, channel_id)
+        large = await delivery.read_large_channel_ids({channel_id})
+        delivery.fanout().modes({channel_id}, large)
+        if not large:
+            await reads.announce_new_co_members(conn, channel_id)
+            return
+        # A large channel is counted, not named: its count now, then as it changes.
+        counts = await actions.service().store.occupancy([channel_id])
+        if counts is not None:
+            frame = PresenceOccupancy(channel=channel_id, online=counts[channel_id])
+            await conn.send_frame("presence.occupancy", frame)
 
     async def closed(self, conn: Connection) -> None:
         # Membership changes need nothing more: the consumer follows them with the groups, and the

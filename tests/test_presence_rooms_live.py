@@ -9,7 +9,7 @@ each, small). Here "hall" adds mai, an and binh to them: five members, above the
 import pytest
 from channels.db import database_sync_to_async
 
-from tests.support import add_channel, add_user, barrier, close_all, connect, heard, states, timings
+from tests.support import add_channel, add_user, barrier, close_all, connect, heard, http, states, timings
 
 pytestmark = pytest.mark.live
 
@@ -76,3 +76,22 @@ async def test_a_channel_switches_mode_when_the_setting_or_its_members_cross_the
     probe = await barrier(a, acme, [linh])
     assert states(linh, "mai") == ["online"]
     await close_all(linh, probe)
+
+
+async def test_a_member_added_live_to_a_large_channel_gets_its_count_and_is_counted_not_named(
+    live_instances, acme, hall
+):
+    a, b = live_instances(2, **timings())
+    await add_user(acme, "kim")
+    linh = await connect(a, acme, "linh")
+    kim = await connect(b, acme, "kim")
+    assert kim.of_type("presence.snapshot") == [{"online": ["kim"]}]
+    status, _ = http("PUT", f"{b.http_url}/v1/channels/{hall.id}/members/kim", api_key=acme.api_key)
+    assert status in (200, 201)
+    # kim hears how many are in hall (linh and herself, once her refresh counts her there) ...
+    await kim.wait_for(lambda c: occupancy(c, hall)[-1:] == [2])
+    # ... and linh hears the count grow, never kim's name.
+    await linh.wait_for(lambda c: occupancy(c, hall)[-1:] == [2])
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "kim") == []
+    await close_all(linh, kim, probe)

@@ -28,9 +28,11 @@ from presence import actions
 from presence.fabric import GROUP_PREFIX, Dedup, Transition, parse_transition, subject_of
 from presence.queries import large_channel_ids
 from relay import metrics
+from relay.clock import LoopClock, Periodic
 from relay.frames import PresenceChanged, PresenceOccupancy
 from relay.layer import channel_layer
 from relay.logging import log_event
+from relay.loops import PerLoop
 from relay.registry import Connection
 
 logger = logging.getLogger("presence")
@@ -93,7 +95,14 @@ class Fanout:
         self._occupancy_due: dict[str, asyncio.TimerHandle] = {}
         self._occupancy_sent_at: dict[str, float] = {}
         self._occupancy_sent: dict[str, int] = {}
-        self._recheck: asyncio.Task | None = None
+        self.rechecks = Periodic(
+            self.recheck,
+            interval=lambda: settings.RELAY_PRESENCE_REFRESH_MS / 1000,
+            # The loop's own time: a test's manual presence clock drives grace checks, not this.
+            clock=LoopClock,
+            failed=self._recheck_failed,
+            wanted=lambda: bool(self.watchers),
+        )
 
     def live(self, conn: Connection) -> None:
         """`conn` has its snapshot: transitions may be written to it directly from now on."""
@@ -101,8 +110,7 @@ class Fanout:
             self.layer.claim_groups(GROUP_PREFIX, self.received)
             self.claimed = True
         self.watchers[conn.channel_name] = conn
-        if self._recheck is None or self._recheck.done():
-            self._recheck = asyncio.ensure_future(self._recheck_forever())
+        self.rechecks.start()
 
     def gone(self, conn: Connection) -> None:
         """`conn` is closing: nothing more is written to it from here."""
@@ -196,14 +204,9 @@ class Fanout:
                 metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
                 log_event(logger, "presence.failed", logging.ERROR, op="deliver", error=type(error).__name__)
 
-    async def _recheck_forever(self) -> None:
-        while self.watchers:
-            await asyncio.sleep(settings.RELAY_PRESENCE_REFRESH_MS / 1000)
-            try:
-                await self.recheck()
-            except Exception as error:
-                metrics.PRESENCE_FAILURES.labels(op="recheck").inc()
-                log_event(logger, "presence.failed", logging.ERROR, op="recheck", error=type(error).__name__)
+    def _recheck_failed(self, error: Exception) -> None:
+        metrics.PRESENCE_FAILURES.labels(op="recheck").inc()
+        log_event(logger, "presence.failed", logging.ERROR, op="recheck", error=type(error).__name__)
 
     async def recheck(self) -> None:
         """Once a refresh interval: switch channels that crossed the threshold, and resend changed counts.
@@ -230,13 +233,5 @@ class Fanout:
             await self._send_occupancy(steady)
 
 
-_fanouts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout]" = weakref.WeakKeyDictionary()
-
-
-def fanout() -> Fanout:
-    """The presence fan-out of the running event loop (Daphne runs one; each in-process test its own)."""
-    loop = asyncio.get_running_loop()
-    found = _fanouts.get(loop)
-    if found is None:
-        found = _fanouts[loop] = Fanout()
-    return found
+# The presence fan-out of the running event loop.
+fanout = PerLoop(Fanout)

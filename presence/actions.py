@@ -359,11 +359,10 @@ class PresenceService:
             if reaped is None:
                 return
             unpublished = []
-            gone = []
+            # The channels' online sets need nothing here: a reaped user's entries were last
+            # renewed a TTL + grace ago, so they have expired already.
             for name, won, channels in reaped.decided:
                 subject = split_member(name)
-                if won:
-                    gone.append((subject[1], channels))
                 if not won:
                     suppressed(subject[1], "offline", ANOTHER_PUBLISHED)
                 elif prefix is not None:
@@ -372,7 +371,6 @@ class PresenceService:
                 else:
                     unpublished.append((subject, Owed("offline", channels, str(uuid.uuid4()))))
             await self._publish_in_turn(unpublished)
-            await self.store.channels_gone(gone)
             if reaped.due < REAP_BATCH:
                 return
 

@@ -143,9 +143,8 @@ class PresenceService:
         Returns which of `watch` are online and how many are in each `large` channel, read in
         the same round trip after the election (None when Redis did not answer). Raises
         ConnectionRefused(4429) when the user already holds the maximum of connections
-        anywhere; nothing is changed then. With Redis
-        unreachable the connection is admitted (presence must not take sockets down with it)
-        and the refresh announces it later.
+        anywhere; nothing is changed then. With Redis unreachable the connection is admitted
+        (presence must not take sockets down with it) and the refresh announces it later.
         """
         subject = (conn.environment_id, conn.user_id)
         # Registered before the await, so a close of another local connection racing this one

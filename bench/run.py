@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare
+from bench import compare, rooms
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -778,6 +778,7 @@ TARGETS = {
     "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
     "webhooks.events_per_s": (">=", 1000),
     "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2),
+    **rooms.TARGETS,
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -913,6 +914,8 @@ PHASES = (
     "bigroom",
     "paced",
     "webhooks",
+    "midroom",
+    "hugeroom",
 )
 
 
@@ -1017,6 +1020,10 @@ def main() -> int:
             results.update(compare.phase_paced(world, workdir, sizes))
         if fresh("webhooks"):
             results.update(phase_webhooks(world, workdir, sizes))
+        if fresh("midroom"):
+            results.update(rooms.phase_midroom(world, workdir, mode, redis_client))
+        if fresh("hugeroom"):
+            results.update(rooms.phase_hugeroom(world, workdir, mode, redis_client))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

@@ -52,6 +52,11 @@ class EmbeddedRedis:
         self._process: subprocess.Popen | None = None
 
     @property
+    def directory(self) -> Path:
+        """Where the server writes (and reads at start) its dump.rdb."""
+        return Path(self._dir.name)
+
+    @property
     def url(self) -> str:
         """The redis:// URL clients connect to."""
         return f"redis://127.0.0.1:{self.port}/0"

@@ -52,6 +52,12 @@ KEYS = {
     "webhooks.events_per_s",
     "webhooks.delivery_p99_ms",
     "webhooks.presence_p99_ratio_hanging_receiver",
+    "midroom.notify_p99_ms",
+    "midroom.redis_cmds_per_connect",
+    "hugeroom.connect_cpu_vs_small",
+    "hugeroom.redis_cmds_per_connect_vs_small",
+    "hugeroom.occupancy_lag_p99_ms",
+    "hugeroom.snapshot_bytes",
 }
 PEER_KEYS = {
     "notify.p50_ms",

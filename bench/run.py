@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare
+from bench import compare, rooms
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -50,6 +50,7 @@ from bench.harness import (
     say,
     thread_cpu_seconds,
 )
+from bench.webhooks import phase_webhooks
 
 RESULTS = BASE_DIR / "bench" / "results"
 P99_LIMIT_MS = 250.0
@@ -775,6 +776,9 @@ TARGETS = {
     "ratio.bigroom_connect_cpu_vs_small": ("<=", 3),
     "reconnect_flicker_frames": ("<=", 0),
     "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
+    "webhooks.events_per_s": (">=", 1000),
+    "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2),
+    **rooms.TARGETS,
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -909,6 +913,9 @@ PHASES = (
     "reap",
     "bigroom",
     "paced",
+    "webhooks",
+    "midroom",
+    "hugeroom",
 )
 
 
@@ -1011,6 +1018,12 @@ def main() -> int:
             results.update(compare.phase_bigroom(world, workdir, sizes, redis_client))
         if fresh("paced"):
             results.update(compare.phase_paced(world, workdir, sizes))
+        if fresh("webhooks"):
+            results.update(phase_webhooks(world, workdir, sizes))
+        if fresh("midroom"):
+            results.update(rooms.phase_midroom(world, workdir, mode, redis_client))
+        if fresh("hugeroom"):
+            results.update(rooms.phase_hugeroom(world, workdir, mode, redis_client))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

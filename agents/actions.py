@@ -16,7 +16,7 @@ from agents.exceptions import InstanceOwned
 from agents.models import Registration
 from relay import metrics
 from relay.frames import Capability
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import User
 
 logger = logging.getLogger(__name__)
@@ -69,11 +69,15 @@ def do_register(
     except InstanceOwned:
         metrics.AGENT_REGISTRATIONS.labels(outcome="rejected").inc()
         log_event(
-            logger, "agent.rejected", instance=instance, reason="instance_owned", environment=str(user.environment_id)
+            logger,
+            Event.AGENT_REJECTED,
+            instance=instance,
+            reason="instance_owned",
+            environment=str(user.environment_id),
         )
         raise
     metrics.AGENT_REGISTRATIONS.labels(outcome="created" if created else "refreshed").inc()
-    log_event(logger, "agent.registered", instance=instance, environment=str(user.environment_id))
+    log_event(logger, Event.AGENT_REGISTERED, instance=instance, environment=str(user.environment_id))
     return row, created
 
 
@@ -93,7 +97,7 @@ def do_deregister(user: User, instance: str) -> bool:
         environment_id=user.environment_id, instance=instance, identity=user
     ).delete()
     if deleted:
-        log_event(logger, "agent.deregistered", instance=instance, environment=str(user.environment_id))
+        log_event(logger, Event.AGENT_DEREGISTERED, instance=instance, environment=str(user.environment_id))
     return deleted > 0
 
 
@@ -121,7 +125,7 @@ def sweep_stale(now: datetime | None = None, ttl_ms: int | None = None) -> list[
             Registration.objects.filter(pk__in=[pk for pk, _, _ in batch], last_seen__lt=cutoff).delete()
         for _, environment_id, instance in batch:
             swept.append((str(environment_id), instance))
-            log_event(logger, "agent.swept", instance=instance, environment=str(environment_id))
+            log_event(logger, Event.AGENT_SWEPT, instance=instance, environment=str(environment_id))
         metrics.AGENT_SWEPT.inc(len(batch))
         if len(batch) < SWEEP_BATCH:
             break

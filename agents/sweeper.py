@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from agents import actions
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.registry import Connection, Extension
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Sweeper:
             swept = await database_sync_to_async(actions.sweep_stale, thread_sensitive=False)()
         except Exception as error:
             # A busy or unreachable database only delays ageing out; the next tick tries again.
-            log_event(logger, "agent.sweep_failed", logging.ERROR, error=type(error).__name__)
+            log_event(logger, Event.AGENT_SWEEP_FAILED, logging.ERROR, error=type(error).__name__)
             return 0
         return len(swept)
 

@@ -23,11 +23,11 @@ from django.db import DatabaseError
 from chat.actions import send_message
 from chat.exceptions import NotAMember
 from chat.queries import PAGE_SIZE, last_seq, messages_after
-from relay import metrics, registry
+from relay import close_codes, metrics, registry
 from relay.exceptions import FrameError
 from relay.frames import MessageAck, MessageCreated, MessageSend, parse_cursor
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.registry import Connection
 
 logger = logging.getLogger(__name__)
@@ -37,9 +37,6 @@ CURSOR_PARAMETER = "cursor"
 # The fields of a `message.created` frame: the wire payload is rebuilt from exactly
 # these, so nothing else that travels on the fabric can reach a client.
 CREATED_FIELDS = ("id", "channel", "seq", "user", "text", "created_at")
-# Closed after a failed backfill so the client reconnects with its cursor: holding
-# the channel's live messages forever, or releasing them over a gap, would be worse.
-CLOSE_RESUME_FAILED = 1011
 
 store_message = database_sync_to_async(send_message)
 read_last_seq = database_sync_to_async(last_seq)
@@ -77,14 +74,14 @@ async def message_send(conn: Connection, payload: MessageSend) -> None:
     except NotAMember:
         raise FrameError("not_a_member", "you are not a member of that channel") from None
     except DatabaseError as error:
-        log_event(logger, "message.failed", logging.ERROR, user=conn.user_id, error=type(error).__name__)
+        log_event(logger, Event.MESSAGE_FAILED, logging.ERROR, user=conn.user_id, error=type(error).__name__)
         raise FrameError("unavailable", "the message was not stored; send it again with the same idem_key") from None
     await conn.send_frame("message.ack", result.ack)
     metrics.MESSAGE_SEND_SECONDS.observe(time.perf_counter() - started)
     if not result.created:
         return
     seq = result.message["seq"]
-    log_event(logger, "message.stored", user=conn.user_id, channel=payload.channel, seq=seq)
+    log_event(logger, Event.MESSAGE_STORED, user=conn.user_id, channel=payload.channel, seq=seq)
     try:
         await channel_layer().group_send(
             chat_group(payload.channel), {"type": "message.created", "message": result.message}
@@ -93,7 +90,12 @@ async def message_send(conn: Connection, payload: MessageSend) -> None:
         # Stored and acknowledged: members that missed the live frame get it from a
         # resume or the history API, so a channel-layer fault loses nothing durable.
         log_event(
-            logger, "message.fanout_failed", logging.ERROR, channel=payload.channel, seq=seq, error=type(error).__name__
+            logger,
+            Event.MESSAGE_FANOUT_FAILED,
+            logging.ERROR,
+            channel=payload.channel,
+            seq=seq,
+            error=type(error).__name__,
         )
 
 
@@ -105,7 +107,7 @@ async def message_created(conn: Connection, event: dict) -> None:
         message = MessageCreated(**{key: event["message"][key] for key in CREATED_FIELDS})
         channel_id, seq = str(message["channel"]), int(message["seq"])
     except (KeyError, TypeError, ValueError):
-        log_event(logger, "message.invalid_event", logging.ERROR, connection_id=conn.connection_id)
+        log_event(logger, Event.MESSAGE_INVALID_EVENT, logging.ERROR, connection_id=conn.connection_id)
         return
     # A removed member stops receiving at once, even events already queued for it.
     if channel_id not in conn.channel_ids:
@@ -179,14 +181,18 @@ async def backfill(conn: Connection, chat: ChatState, positions: dict[str, int])
             sent += await resume_channel(conn, chat, channel_id, seen)
     except Exception as error:
         log_event(
-            logger, "message.resume_failed", logging.ERROR, connection_id=conn.connection_id, error=type(error).__name__
+            logger,
+            Event.MESSAGE_RESUME_FAILED,
+            logging.ERROR,
+            connection_id=conn.connection_id,
+            error=type(error).__name__,
         )
         await conn.send_error("resume_failed", "the resume failed; reconnect with the same cursor")
-        await conn.close(code=CLOSE_RESUME_FAILED)
+        await conn.close(code=close_codes.RESUME_FAILED)
         return
     log_event(
         logger,
-        "message.resumed",
+        Event.MESSAGE_RESUMED,
         connection_id=conn.connection_id,
         user=conn.user_id,
         channels=len(positions),

@@ -21,7 +21,7 @@ from presence.fabric import group_name, transition_message
 from presence.reads import members_newly_seeing
 from presence.store import announce
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import Channel, User
 
 logger = logging.getLogger("presence")
@@ -50,4 +50,4 @@ def member_added(
         return
     if announce(str(channel.environment_id), user.external_id, publish):
         # A count: the ids would be a membership graph in a log file.
-        log_event(logger, "presence.announced", user=user.external_id, watchers=len(watchers))
+        log_event(logger, Event.PRESENCE_ANNOUNCED, user=user.external_id, watchers=len(watchers))

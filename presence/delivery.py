@@ -25,7 +25,7 @@ from presence.fabric import GROUP_PREFIX, Dedup, Transition, parse_transition, s
 from relay import metrics
 from relay.frames import PresenceChanged
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.registry import Connection
 
 logger = logging.getLogger("presence")
@@ -45,7 +45,7 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
         # payload must never reach a client.
         if actions.service().first_sight_of_invalid(message):
             metrics.PRESENCE_INVALID_PAYLOADS.inc()
-            log_event(logger, "presence.invalid_payload", logging.ERROR, subject=subject_of(message))
+            log_event(logger, Event.PRESENCE_INVALID_PAYLOAD, logging.ERROR, subject=subject_of(message))
         return
     # A copy queued before a membership removal must not slip through after it.
     if transition.channel not in conn.channel_ids:
@@ -106,7 +106,7 @@ class Fanout:
                 # One connection's failure must not cost the other watchers their frame. The type
                 # only: a write's error may quote the frame it could not send.
                 metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
-                log_event(logger, "presence.failed", logging.ERROR, op="deliver", error=type(error).__name__)
+                log_event(logger, Event.PRESENCE_FAILED, logging.ERROR, op="deliver", error=type(error).__name__)
 
 
 _fanouts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout]" = weakref.WeakKeyDictionary()

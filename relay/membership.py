@@ -23,7 +23,7 @@ from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import Signal, receiver
 
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import Channel, Membership, User
 from relay.redis_clients import sync_client
 
@@ -74,7 +74,7 @@ class MembershipBus:
         try:
             user_pk = int(message["user"])
         except (KeyError, TypeError, ValueError):
-            log_event(logger, "membership.invalid_event", logging.ERROR)
+            log_event(logger, Event.MEMBERSHIP_INVALID_EVENT, logging.ERROR)
             return
         self.seq += 1
         self.recent.append((self.seq, user_pk, message))
@@ -184,7 +184,7 @@ def _added(channel: Channel, user: User, membership_id: int | None) -> None:
     for _, outcome in added:
         # The membership stands whatever a listener does: it is durable and already made.
         if isinstance(outcome, Exception):
-            log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
+            log_event(logger, Event.MEMBERSHIP_LISTENER_FAILED, logging.ERROR, error=type(outcome).__name__)
 
 
 def version_key(user_pk: int) -> str:
@@ -205,7 +205,7 @@ def _bump_version(user_pk: int) -> None:
         with _versions(settings.RELAY_REDIS_URL).pipeline() as pipe:
             pipe.incr(key).expire(key, VERSION_TTL_SECONDS).execute()
     except Exception as error:
-        log_event(logger, "membership.version_failed", logging.ERROR, error=type(error).__name__)
+        log_event(logger, Event.MEMBERSHIP_VERSION_FAILED, logging.ERROR, error=type(error).__name__)
 
 
 def _notify(user_pk: int, channel_id: uuid.UUID, *, member: bool) -> None:
@@ -217,4 +217,4 @@ def _notify(user_pk: int, channel_id: uuid.UUID, *, member: bool) -> None:
             MEMBERSHIP_GROUP, {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member}
         )
     except Exception as error:
-        log_event(logger, "membership.notify_failed", logging.ERROR, error=type(error).__name__)
+        log_event(logger, Event.MEMBERSHIP_NOTIFY_FAILED, logging.ERROR, error=type(error).__name__)

@@ -28,7 +28,7 @@ from django.db import transaction
 
 from relay import membership, tokens
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import Environment
 from relay.queries import channel_ids_of_users
 from relay.redis_clients import async_client
@@ -63,7 +63,7 @@ def _announce_rotation(environment_id: str) -> None:
         )
     except Exception as error:
         # The rotation stands; each instance's next round closes the connections.
-        log_event(logger, "reconcile.notify_failed", logging.ERROR, error=type(error).__name__)
+        log_event(logger, Event.RECONCILE_NOTIFY_FAILED, logging.ERROR, error=type(error).__name__)
 
 
 class Reconciler:
@@ -127,7 +127,7 @@ class Reconciler:
         try:
             await self.reconcile()
         except Exception as error:
-            log_event(logger, "reconcile.failed", logging.ERROR, op="round", error=type(error).__name__)
+            log_event(logger, Event.RECONCILE_FAILED, logging.ERROR, op="round", error=type(error).__name__)
         finally:
             self._running = None
             if self._again:
@@ -164,7 +164,7 @@ class Reconciler:
             versions = dict(zip(user_pks, found, strict=True))
         except Exception as error:
             # Redis away: the notices are not flowing either; the next round tries again.
-            log_event(logger, "reconcile.failed", logging.ERROR, op="versions", error=type(error).__name__)
+            log_event(logger, Event.RECONCILE_FAILED, logging.ERROR, op="versions", error=type(error).__name__)
             return
         stale = [conn for conn in connections if conn.membership_version != versions[conn.user.pk]]
         if not stale:

@@ -40,7 +40,7 @@ import redis
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer, RedisSingleShardConnection
 from channels_redis.utils import _wrap_close
 
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.redis_clients import is_layer_redis
 from relay.transport.hiredis import pack_with_hiredis
 
@@ -154,7 +154,7 @@ class _Shard(RedisSingleShardConnection):
                 if not self._reconnecting:
                     self._reconnecting = True
                     log_event(
-                        logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
+                        logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
                     )
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue
@@ -163,7 +163,7 @@ class _Shard(RedisSingleShardConnection):
                 await asyncio.sleep(1)
             if self._reconnecting:
                 self._reconnecting = False
-                log_event(logger, "layer.reconnected")
+                log_event(logger, Event.LAYER_RECONNECTED)
 
     def _confirm(self, channel: bytes | str) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel

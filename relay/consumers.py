@@ -18,7 +18,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from relay import close_codes, membership, metrics, reconcile, registry
+from relay import close_codes, membership, metrics, rate_limits, reconcile, registry
 from relay.connect_reads import ConnectRead, log_hook_failure, read_channel_ids, read_connect
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
 from relay.frames import ConnectionAck, Envelope, ErrorPayload, describe_validation_error
@@ -64,6 +64,7 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
     async def connect(self) -> None:
         """Authenticate, join the user's groups, let every app admit the connection, then accept and ack."""
         self.connection_id = uuid.uuid4().hex
+        self.frame_limit = rate_limits.frames()
         self.admitted: list[registry.Extension] = []
         self.state: dict[str, Any] = {}
         self.query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -197,6 +198,10 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
         The size is Daphne's to enforce (1 MiB of bytes per message and per frame, closed 1009
         before the frame is buffered), so a frame that gets here is within it.
         """
+        if (wait := self.frame_limit.refused(self.connection_id)) is not None:
+            # Before anything is parsed or read: the excess costs the instance one error frame.
+            await self.send_error("rate_limited", "too many frames; slow down", retry_after_ms=wait)
+            return
         frame_type = None
         try:
             route, frame_type, payload = self._read(text_data)
@@ -336,9 +341,13 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
         with contextlib.suppress(*SOCKET_GONE):
             await self.close(code=close_codes.SLOW_READER)
 
-    async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
+    async def send_error(
+        self, code: str, message: str, frame_type: str | None = None, *, retry_after_ms: int | None = None
+    ) -> None:
         """Send an `error` frame; the socket stays open."""
         payload = ErrorPayload(code=code, message=message)
         if frame_type is not None:
             payload["type"] = frame_type
+        if retry_after_ms is not None:
+            payload["retry_after_ms"] = retry_after_ms
         await self.send_frame("error", payload)

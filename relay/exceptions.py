@@ -25,13 +25,14 @@ class FrameError(Exception):
 
 
 class ApiError(Exception):
-    """An HTTP API call is refused with `status` and a JSON error body."""
+    """An HTTP API call is refused with `status`, a JSON error body and any `headers` (Retry-After)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers or {}
 
 
 class OutputBacklogFull(Exception):

@@ -195,6 +195,8 @@ class ErrorPayload(TypedDict):
     message: str
     # The offending frame's type, when it is known.
     type: NotRequired[str]
+    # `rate_limited`: how long to wait before the connection's next frame is accepted.
+    retry_after_ms: NotRequired[int]
 
 
 # ── query-string parameters ──────────────────────────────────────────────────

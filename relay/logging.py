@@ -50,6 +50,7 @@ class Event(StrEnum):
     PRESENCE_INVALID_PAYLOAD = "presence.invalid_payload"
     PRESENCE_PUBLISHED = "presence.published"
     PRESENCE_SUPPRESSED = "presence.suppressed"
+    RATE_LIMIT_FAILED = "rate_limit.failed"
     RECONCILE_FAILED = "reconcile.failed"
     RECONCILE_NOTIFY_FAILED = "reconcile.notify_failed"
 

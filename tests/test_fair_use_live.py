@@ -1,0 +1,84 @@
+"""Fair use on real Daphne processes and a real Redis: rate limits, bounded input, cheap refusals.
+
+docs/contract.md, Fair use. Each test runs a well-behaved client beside the abusive one, so a
+refusal is told apart from a broken server.
+"""
+
+import asyncio
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async
+
+from chat.models import Message
+from tests.support import WsClient, close_all, http, http_with_headers
+
+pytestmark = pytest.mark.live
+
+
+def rate_limited(client: WsClient) -> list[dict]:
+    return [error for error in client.of_type("error") if error["code"] == "rate_limited"]
+
+
+@database_sync_to_async
+def stored_idem_keys(channel) -> set[str]:
+    return set(Message.objects.filter(channel=channel).values_list("idem_key", flat=True))
+
+
+async def test_frames_past_a_connections_rate_are_refused_and_change_nothing(live_instances, acme):
+    (instance,) = live_instances(1, RELAY_RATE_FRAMES_PER_S="20")
+    general = str(acme.channels["general"].id)
+    linh = await WsClient.open(instance.ws_url(acme.token("linh")))
+    tuan = await WsClient.open(instance.ws_url(acme.token("tuan")))
+    await linh.next_of("connection.ack")
+    await tuan.next_of("connection.ack")
+    sent = [str(uuid.uuid4()) for _ in range(120)]
+    for key in sent:
+        await linh.send("message.send", {"idem_key": key, "channel": general, "text": "flood"})
+    # Every frame is answered once: acknowledged, or refused with how long to wait.
+    await linh.wait_for(lambda client: len(client.of_type("message.ack")) + len(rate_limited(client)) == len(sent))
+    acked = {ack["idem_key"] for ack in linh.of_type("message.ack")}
+    refused = rate_limited(linh)
+    # The burst (twice the rate) goes through; the excess is refused.
+    assert len(acked) >= 40 and refused
+    assert all(set(error) == {"code", "message", "retry_after_ms"} for error in refused)
+    assert all(error["retry_after_ms"] > 0 for error in refused)
+    # A refused message was not stored, and was not delivered to the channel's other member.
+    assert await stored_idem_keys(acme.channels["general"]) == acked
+    await tuan.wait_for(lambda client: len(client.of_type("message.created")) == len(acked))
+    assert {created["id"] for created in tuan.of_type("message.created")} == {
+        ack["id"] for ack in linh.of_type("message.ack")
+    }
+    # Every kind of frame counts, malformed ones included; the socket stays open throughout.
+    for _ in range(60):
+        await linh.send_raw("not json")
+    malformed = lambda client: [e for e in client.of_type("error") if e["code"] == "invalid_frame"]  # noqa: E731
+    await linh.wait_for(lambda client: len(malformed(client)) + len(rate_limited(client)) == len(refused) + 60)
+    assert len(rate_limited(linh)) > len(refused)
+    assert linh.close_code is None
+    # Once the wait it was told has passed, the same connection is heard again.
+    await asyncio.sleep(rate_limited(linh)[-1]["retry_after_ms"] / 1000)
+    answer = await linh.send_and_ack({"idem_key": str(uuid.uuid4()), "channel": general, "text": "calm"})
+    assert answer["type"] == "message.ack"
+    # Another connection on the same instance was never limited by the flood.
+    answer = await tuan.send_and_ack({"idem_key": str(uuid.uuid4()), "channel": general, "text": "hi"})
+    assert answer["type"] == "message.ack"
+    assert rate_limited(tuan) == []
+    await close_all(linh, tuan)
+
+
+def test_tokens_past_an_api_keys_rate_get_429_with_retry_after_on_every_instance(live_instances, acme, globex):
+    one, two = live_instances(2, RELAY_RATE_TOKENS_PER_S="2")
+    globex.add_user("mai")
+    answers = [
+        http_with_headers("POST", f"{instance.http_url}/v1/tokens", {"user": "linh"}, acme.api_key)
+        for instance in (one, two) * 5
+    ]
+    statuses = [status for status, _, _ in answers]
+    assert statuses.count(201) >= 2 and 429 in statuses
+    for status, body, headers in answers:
+        if status == 429:
+            assert body == {"error": {"code": "rate_limited", "message": "too many tokens minted with this key"}}
+            assert int(headers["Retry-After"]) >= 1
+    # The count is the key's: another tenant's key mints on the same instances meanwhile.
+    assert http("POST", f"{one.http_url}/v1/tokens", {"user": "mai"}, globex.api_key)[0] == 201

@@ -80,6 +80,8 @@ class Error:
     code: str
     message: str
     type: str | None = None
+    # `rate_limited`: how long to wait before the connection's next frame is accepted.
+    retry_after_ms: int | None = None
 
 
 # ── client → server ──────────────────────────────────────────────────────────

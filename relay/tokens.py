@@ -24,7 +24,9 @@ from relay.queries import user_by_external_id
 
 ALGORITHM = "HS256"
 DEFAULT_TTL_SECONDS = 3600
-# How far ahead of this host's clock a minting backend's may run (`iat`, and `exp` likewise).
+# How far ahead of this host's clock a minting backend's may run: a token issued "in the future"
+# by that much is accepted. Only `iat`: `exp` is held to this host's clock, so a token is refused
+# the moment the `expires_at` the API reported has passed.
 CLOCK_SKEW_SECONDS = 30
 _REQUIRED_CLAIMS = ["env", "sub", "iat", "exp"]
 # How long a process trusts the signing secret it read for an environment. A rotation in this
@@ -123,7 +125,10 @@ def authenticate(token: str | None) -> tuple[Environment, str]:
     subject = claims["sub"]
     if not isinstance(subject, str):
         raise InvalidToken("malformed subject")
-    # PyJWT has checked that both read as integers, and `iat` is no later than now + the skew.
+    # PyJWT has checked that both read as integers, and `iat` is no later than now + the skew; its
+    # `exp` check allowed the same skew, which expiry does not get.
+    if int(claims["exp"]) <= time.time():
+        raise InvalidToken("ExpiredSignatureError")
     if int(claims["exp"]) - int(claims["iat"]) > settings.RELAY_MAX_TOKEN_TTL_S:
         raise InvalidToken("lifetime over RELAY_MAX_TOKEN_TTL_S")
     return environment, subject

@@ -8,8 +8,9 @@ class RelayConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        # The receivers that carry every membership change to live connections.
-        from relay import membership  # noqa: F401
+        # The receivers that carry every membership change to live connections, and that let a
+        # new tenant's tokens in at once.
+        from relay import membership, tokens  # noqa: F401
         from relay.transport import autobahn_debug, pending_output, websocket_options
 
         # Before Daphne builds its WebSocket factory and protocols, when this process is Daphne.

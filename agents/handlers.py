@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from django.db import DatabaseError
 
 from agents import actions
-from agents.exceptions import InstanceOwned
+from agents.exceptions import InstanceOwned, RegistrationsCapped
 from relay import registry
 from relay.exceptions import FrameError
 from relay.frames import Deregister, DeregisterAck, Heartbeat, Register, RegisterAck
@@ -62,6 +62,8 @@ async def register(conn: Connection, payload: Register) -> None:
         )
     except InstanceOwned as owned:
         raise FrameError("instance_owned", str(owned)) from None
+    except RegistrationsCapped as capped:
+        raise FrameError("limit_reached", str(capped)) from None
     registered_instances(conn)[payload.instance] = payload.capability.model_dump(exclude_none=True)
     ack = RegisterAck(instance=row.instance, registered_at=row.registered_at.isoformat())
     await conn.send_frame("register.ack", ack)

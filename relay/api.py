@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from typing_extensions import TypedDict
 
 from relay import membership, rate_limits
-from relay.exceptions import ApiError, InvalidToken
+from relay.exceptions import ApiError, InvalidToken, LimitReached
 from relay.frames import DisplayName, Identifier, StrictModel, describe_validation_error
 from relay.models import API_KEY_PREFIX, ApiKey, Channel, Environment, User, hash_api_key
 from relay.tokens import DEFAULT_TTL_SECONDS, mint_token, verify_token
@@ -288,7 +288,7 @@ def channels(request: HttpRequest) -> HttpResponse:
 
 @endpoint("PUT", "DELETE")
 @documented(
-    PUT=Operation("Add a member (live)", {201: MemberOut, 200: MemberOut}, tags=("channels",)),
+    PUT=Operation("Add a member (live)", {201: MemberOut, 200: MemberOut, 409: ErrorBody}, tags=("channels",)),
     DELETE=Operation("Remove a member (live)", {204: None}, tags=("channels",)),
 )
 def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
@@ -296,7 +296,10 @@ def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
     channel = get_channel(request.environment, channel_id)
     user = get_user(request.environment, user_id)
     if request.method == "PUT":
-        added = membership.add_member(channel, user)
+        try:
+            added = membership.add_member(channel, user, capped=True)
+        except LimitReached as reached:
+            raise ApiError(409, "limit_reached", str(reached)) from None
         return JsonResponse(MemberOut(channel=str(channel.id), user=user.external_id), status=201 if added else 200)
     membership.remove_member(channel, user)
     return HttpResponse(status=204)

@@ -35,6 +35,15 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+class LimitReached(Exception):
+    """A membership would pass RELAY_MAX_CHANNELS_PER_USER or RELAY_MAX_MEMBERS_PER_CHANNEL; `setting` names which."""
+
+    def __init__(self, setting: str, limit: int) -> None:
+        super().__init__(f"{setting} ({limit}) reached")
+        self.setting = setting
+        self.limit = limit
+
+
 class OutputBacklogFull(Exception):
     """A connection's unsent output would pass RELAY_MAX_PENDING_BYTES; `pending_bytes` is what it holds."""
 

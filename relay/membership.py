@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import Signal, receiver
 
+from relay.exceptions import LimitReached
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
 from relay.models import Channel, Membership, User
@@ -132,14 +133,33 @@ def bus() -> MembershipBus:
     return found
 
 
-def add_member(channel: Channel, user: User) -> bool:
-    """Make `user` a member of `channel`; return False when they already were."""
+def add_member(channel: Channel, user: User, *, capped: bool = False) -> bool:
+    """Make `user` a member of `channel`; return False when they already were.
+
+    `capped`: raise LimitReached, adding nothing, when the user already belongs to
+    RELAY_MAX_CHANNELS_PER_USER channels or the channel has RELAY_MAX_MEMBERS_PER_CHANNEL members.
+    """
     try:
         with transaction.atomic():
+            if capped:
+                _hold_to_the_caps(channel, user)
             Membership.objects.create(channel=channel, user=user)
     except IntegrityError:
         return False
     return True
+
+
+def _hold_to_the_caps(channel: Channel, user: User) -> None:
+    # The user's row, then the channel's, locked in that order by every capped add: concurrent
+    # adds to one user or one channel are counted one after the other, and never deadlock.
+    list(User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
+    list(Channel.objects.select_for_update().filter(pk=channel.pk).values_list("pk", flat=True))
+    if Membership.objects.filter(channel=channel, user=user).exists():
+        return  # already a member: the create below answers that
+    if Membership.objects.filter(user=user).count() >= settings.RELAY_MAX_CHANNELS_PER_USER:
+        raise LimitReached("RELAY_MAX_CHANNELS_PER_USER", settings.RELAY_MAX_CHANNELS_PER_USER)
+    if Membership.objects.filter(channel=channel).count() >= settings.RELAY_MAX_MEMBERS_PER_CHANNEL:
+        raise LimitReached("RELAY_MAX_MEMBERS_PER_CHANNEL", settings.RELAY_MAX_MEMBERS_PER_CHANNEL)
 
 
 def remove_member(channel: Channel, user: User) -> bool:

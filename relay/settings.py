@@ -197,6 +197,12 @@ RELAY_MAX_PENDING_BYTES = env_int("RELAY_MAX_PENDING_BYTES", DEFAULT_MAX_PENDING
 DEFAULT_RATE_FRAMES_PER_S = 50
 RELAY_RATE_FRAMES_PER_S = env_int("RELAY_RATE_FRAMES_PER_S", DEFAULT_RATE_FRAMES_PER_S, minimum=1)
 
+# ── What a tenant can create (PUT /v1/channels/<id>/members/<user> past either: 409 limit_reached) ─
+DEFAULT_MAX_CHANNELS_PER_USER = 1_000
+RELAY_MAX_CHANNELS_PER_USER = env_int("RELAY_MAX_CHANNELS_PER_USER", DEFAULT_MAX_CHANNELS_PER_USER, minimum=1)
+DEFAULT_MAX_MEMBERS_PER_CHANNEL = 100_000
+RELAY_MAX_MEMBERS_PER_CHANNEL = env_int("RELAY_MAX_MEMBERS_PER_CHANNEL", DEFAULT_MAX_MEMBERS_PER_CHANNEL, minimum=1)
+
 # ── Connection tokens ────────────────────────────────────────────────────────
 # The longest a connection token may live (exp - iat), minted by POST /v1/tokens or by a
 # tenant's backend: a token is a bearer credential carried in a URL, good until it expires.
@@ -216,6 +222,10 @@ RELAY_METRICS_TOKEN = env_str("RELAY_METRICS_TOKEN")
 DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)
 RELAY_AGENT_SWEEP_MS = env_int("RELAY_AGENT_SWEEP_MS", max(1, RELAY_AGENT_TTL_MS // 3), minimum=1)
+# Agent registrations one identity may hold: each is a row every sweep and listing reads, so one
+# identity registering without end would slow them for the whole tenant.
+DEFAULT_MAX_AGENTS_PER_USER = 100
+RELAY_MAX_AGENTS_PER_USER = env_int("RELAY_MAX_AGENTS_PER_USER", DEFAULT_MAX_AGENTS_PER_USER, minimum=1)
 
 # ── Demo client and first-run data (`make run`) ──────────────────────────────
 # Turns on the demo sign-in at / (also on under DEBUG) and, in `setupdemo`, the

@@ -10,7 +10,9 @@ import uuid
 import pytest
 from channels.db import database_sync_to_async
 
+from agents.models import Registration
 from chat.models import Message
+from relay.models import Membership
 from tests.support import WsClient, close_all, http, http_with_headers
 
 pytestmark = pytest.mark.live
@@ -82,3 +84,58 @@ def test_tokens_past_an_api_keys_rate_get_429_with_retry_after_on_every_instance
             assert int(headers["Retry-After"]) >= 1
     # The count is the key's: another tenant's key mints on the same instances meanwhile.
     assert http("POST", f"{one.http_url}/v1/tokens", {"user": "mai"}, globex.api_key)[0] == 201
+
+
+def test_members_past_either_cap_are_refused_409_and_nothing_is_added(live_instances, acme):
+    (instance,) = live_instances(1, RELAY_MAX_CHANNELS_PER_USER="3", RELAY_MAX_MEMBERS_PER_CHANNEL="3")
+    members = f"{instance.http_url}/v1/channels/{{}}/members/{{}}"
+    fleet, general = (str(acme.channels[name].id) for name in ("fleet", "general"))
+    channels = f"{instance.http_url}/v1/channels"
+    rooms = [http("POST", channels, {"name": f"room-{n}"}, acme.api_key)[1]["id"] for n in range(2)]
+    for user_id in ("mai", "an"):
+        assert http("POST", f"{instance.http_url}/v1/users", {"id": user_id}, acme.api_key)[0] == 201
+    # Linh is in fleet and general: one more channel, then her cap.
+    assert http("PUT", members.format(rooms[0], "linh"), None, acme.api_key)[0] == 201
+    assert http("PUT", members.format(rooms[1], "linh"), None, acme.api_key) == (
+        409,
+        {"error": {"code": "limit_reached", "message": "RELAY_MAX_CHANNELS_PER_USER (3) reached"}},
+    )
+    # Already a member stays a 200, at the cap as below it.
+    assert http("PUT", members.format(rooms[0], "linh"), None, acme.api_key)[0] == 200
+    # General has linh and tuan: one more member, then its cap.
+    assert http("PUT", members.format(general, "mai"), None, acme.api_key)[0] == 201
+    status, body = http("PUT", members.format(general, "an"), None, acme.api_key)
+    assert (status, body["error"]["code"]) == (409, "limit_reached")
+    assert "RELAY_MAX_MEMBERS_PER_CHANNEL" in body["error"]["message"]
+    # Nothing was added by a refusal: an is in no channel, and a removal makes room again.
+    assert not Membership.objects.filter(user__environment=acme.environment, user__external_id="an").exists()
+    assert http("DELETE", members.format(general, "mai"), None, acme.api_key)[0] == 204
+    assert http("PUT", members.format(general, "an"), None, acme.api_key)[0] == 201
+    assert http("PUT", members.format(fleet, "mai"), None, acme.api_key)[0] == 201
+
+
+async def test_agent_registrations_past_the_identitys_cap_are_refused_and_nothing_is_stored(live_instances, acme):
+    (instance,) = live_instances(1, RELAY_MAX_AGENTS_PER_USER="2")
+    linh = await WsClient.open(instance.ws_url(acme.token("linh")))
+    tuan = await WsClient.open(instance.ws_url(acme.token("tuan")))
+    await linh.next_of("connection.ack")
+    await tuan.next_of("connection.ack")
+    for count, name in enumerate(("w-1", "w-2"), start=1):
+        await linh.send("register", {"instance": name, "capability": {}})
+        await linh.wait_for(lambda client, count=count: len(client.of_type("register.ack")) == count)
+    await linh.send("register", {"instance": "w-3", "capability": {}})
+    refused = await linh.next_of("error")
+    assert (refused["code"], refused["type"]) == ("limit_reached", "register")
+    # A re-registration of one it holds is no new row, and another identity has a cap of its own.
+    await linh.send("register", {"instance": "w-1", "capability": {"weight": 2}})
+    await linh.wait_for(lambda client: len(client.of_type("register.ack")) == 3)
+    await tuan.send("register", {"instance": "w-3", "capability": {}})
+    assert (await tuan.next_of("register.ack"))["instance"] == "w-3"
+    assert await registered(acme) == {("linh", "w-1"), ("linh", "w-2"), ("tuan", "w-3")}
+    await close_all(linh, tuan)
+
+
+@database_sync_to_async
+def registered(tenant) -> set[tuple[str, str]]:
+    rows = Registration.objects.filter(environment=tenant.environment)
+    return set(rows.values_list("identity__external_id", "instance"))

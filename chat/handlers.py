@@ -10,6 +10,10 @@ Resume (`cursor` in the query string): for each channel named in it, the missed
 messages are sent from the database in seq order, then live ones. Live events of a
 channel being backfilled are held and sent after it, minus those the backfill
 already sent, so the client sees no gap and no duplicate.
+
+A cursor too long for a URL (Daphne refuses request heads over 16 KB) comes instead as the
+connection's first frame, `resume`, the connection opened with `resume=frame`: every channel's
+live events are held from the ack until that frame says which channels to backfill.
 """
 
 import asyncio
@@ -25,7 +29,7 @@ from chat.exceptions import NotAMember
 from chat.queries import PAGE_SIZE, last_seq, messages_after
 from relay import close_codes, metrics, registry
 from relay.exceptions import FrameError
-from relay.frames import MessageAck, MessageCreated, MessageSend, parse_cursor
+from relay.frames import MessageAck, MessageCreated, MessageSend, Resume, parse_cursor
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
 from relay.registry import Connection
@@ -34,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 STATE_KEY = "chat"
 CURSOR_PARAMETER = "cursor"
+# `resume=frame`: the cursor follows as the first frame.
+RESUME_PARAMETER = "resume"
 # The fields of a `message.created` frame: the wire payload is rebuilt from exactly
 # these, so nothing else that travels on the fabric can reach a client.
 CREATED_FIELDS = ("id", "channel", "seq", "user", "text", "created_at")
@@ -58,6 +64,8 @@ class ChatState:
     # channel -> live events that arrived while its backfill was running.
     held: dict[str, list[dict]] = field(default_factory=dict)
     backfill: asyncio.Task | None = None
+    # Opened with `resume=frame` and that frame not yet received: every channel's live events held.
+    awaiting_resume: bool = False
 
 
 registry.sends("message.ack", MessageAck)
@@ -97,6 +105,28 @@ async def message_send(conn: Connection, payload: MessageSend) -> None:
             seq=seq,
             error=type(error).__name__,
         )
+
+
+@registry.frame("resume", Resume)
+async def resume(conn: Connection, payload: Resume) -> None:
+    """The cursor of a connection opened with `resume=frame`: backfill its channels, release the others."""
+    chat: ChatState = conn.state[STATE_KEY]
+    if not chat.awaiting_resume:
+        raise FrameError("invalid_frame", "resume is only the first frame of a connection opened with resume=frame")
+    chat.awaiting_resume = False
+    positions = {channel_id: seen for channel_id, seen in payload.cursor.items() if channel_id in conn.channel_ids}
+    # Channels without a position have nothing to backfill: their held events go out now, in order.
+    for channel_id in sorted(set(chat.held) - set(positions)):
+        for message in sorted(chat.held.pop(channel_id), key=lambda message: message["seq"]):
+            await conn.send_frame("message.created", message)
+    start_backfill(conn, chat, positions)
+
+
+def start_backfill(conn: Connection, chat: ChatState, positions: dict[str, int]) -> None:
+    """Hold each channel's live events and backfill it after its position, in its own task."""
+    for channel_id in positions:
+        chat.held.setdefault(channel_id, [])
+    chat.backfill = asyncio.create_task(backfill(conn, chat, positions))
 
 
 # ── the channel layer delivers ───────────────────────────────────────────────
@@ -140,6 +170,12 @@ class ChatExtension(registry.Extension):
 
     async def opened(self, conn: Connection) -> None:
         """Start the resume the `cursor` asks for, in its own task, so no other frame waits for it."""
+        chat: ChatState = conn.state[STATE_KEY]
+        if conn.query.get(RESUME_PARAMETER) == ["frame"]:
+            # Held from now: nothing live may overtake the backfill the first frame will ask for.
+            chat.awaiting_resume = True
+            chat.held = {channel_id: [] for channel_id in conn.channel_ids}
+            return
         raw = conn.query.get(CURSOR_PARAMETER)
         if raw is None:
             return
@@ -150,14 +186,11 @@ class ChatExtension(registry.Extension):
         except ValueError as error:
             await conn.send_error("invalid_cursor", f"cursor: {error}; nothing was resumed")
             return
-        chat: ChatState = conn.state[STATE_KEY]
         # Channels the user is not a member of (unknown, another tenant's, or left while
         # away) are skipped without a word: there is nothing of theirs to resume, and an
         # answer must not tell one case from another.
         positions = {channel_id: seen for channel_id, seen in positions.items() if channel_id in conn.channel_ids}
-        for channel_id in positions:
-            chat.held[channel_id] = []
-        chat.backfill = asyncio.create_task(backfill(conn, chat, positions))
+        start_backfill(conn, chat, positions)
 
     async def closed(self, conn: Connection) -> None:
         """Stop the resume (the consumer leaves the groups)."""

@@ -116,6 +116,12 @@ class MessageSend(StrictModel):
     text: MessageText
 
 
+class Resume(StrictModel):
+    """`resume`: the cursor, as the first frame of a connection opened with `resume=frame`."""
+
+    cursor: dict[ChannelId, Annotated[int, Field(ge=0, strict=True)]]
+
+
 class Capability(StrictModel):
     """Enrolment attributes of an agent instance; never used for routing."""
 

@@ -9,10 +9,12 @@ import uuid
 
 import pytest
 from channels.db import database_sync_to_async
+from websockets.exceptions import InvalidHandshake
 
 from agents.models import Registration
 from chat.models import Message
 from relay.models import Membership
+from tests.chat_helpers import store_history
 from tests.support import WsClient, close_all, http, http_with_headers
 
 pytestmark = pytest.mark.live
@@ -139,3 +141,46 @@ async def test_agent_registrations_past_the_identitys_cap_are_refused_and_nothin
 def registered(tenant) -> set[tuple[str, str]]:
     rows = Registration.objects.filter(environment=tenant.environment)
     return set(rows.values_list("identity__external_id", "instance"))
+
+
+async def test_a_cursor_too_long_for_a_url_resumes_as_the_first_frame(live_instances, acme):
+    (instance,) = live_instances(1)
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    await database_sync_to_async(store_history)(general, acme.users["tuan"], 5)
+    # Four hundred channels in the cursor: as a URL, past Daphne's 16 KB head, never opens.
+    cursor = {str(uuid.uuid4()): 1 for _ in range(400)} | {str(general.id): 2}
+    with pytest.raises(InvalidHandshake):
+        await WsClient.open(instance.ws_url(acme.token("linh"), cursor))
+    linh = await WsClient.open(instance.ws_url(acme.token("linh")) + "&resume=frame")
+    tuan = await WsClient.open(instance.ws_url(acme.token("tuan")))
+    await linh.next_of("connection.ack")
+    await tuan.next_of("connection.ack")
+    # Sent live before linh's resume: held, and never ahead of the backfill.
+    for channel, key in ((general, "live-general"), (fleet, "live-fleet")):
+        answer = await tuan.send_and_ack({"idem_key": key, "channel": str(channel.id), "text": key})
+        assert answer["type"] == "message.ack"
+    await linh.send("resume", {"cursor": cursor})
+    await linh.wait_for(lambda client: len(client.of_type("message.created")) == 5)
+    created = [(message["channel"], message["seq"]) for message in linh.of_type("message.created")]
+    # Fleet (no position) is released at once; general's 3 to 5, then its live 6, none twice.
+    assert created == [(str(fleet.id), 1), *((str(general.id), seq) for seq in (3, 4, 5, 6))]
+    # Only ever the first frame.
+    await linh.send("resume", {"cursor": {}})
+    assert (await linh.next_of("error"))["type"] == "resume"
+    await close_all(linh, tuan)
+
+
+async def test_the_python_client_sends_a_cursor_too_long_for_a_url_as_the_first_frame(live_instances, acme):
+    from relay_client import Client
+
+    from tests.client_helpers import Application
+
+    (instance,) = live_instances(1)
+    general = acme.channels["general"]
+    await database_sync_to_async(store_history)(general, acme.users["tuan"], 5)
+    cursor = {str(uuid.uuid4()): 1 for _ in range(400)} | {str(general.id): 2}
+    client = Client(f"ws://127.0.0.1:{instance.port}", acme.token("linh"), cursor=cursor)
+    await asyncio.wait_for(client.connect(), 30)
+    app = Application(client)
+    await app.until(lambda app: app.seqs(str(general.id)) == [3, 4, 5])
+    await client.close()

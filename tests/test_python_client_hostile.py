@@ -305,3 +305,24 @@ async def test_a_channel_the_first_connection_does_not_know_yet_is_read_from_its
         assert client.cursor == {CHANNEL: 0, other: 3}
         assert not [event for event in app.events if isinstance(event, Reconnected)]
         await client.close()
+
+
+async def test_a_server_that_acknowledges_then_closes_is_retried_ever_more_slowly():
+    opened: list[float] = []
+
+    async def ack_then_close(connection: Connection) -> None:
+        opened.append(asyncio.get_running_loop().time())
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        await connection.socket.close(1011, "resume_failed")
+
+    base = 0.02
+    async with ScriptedRelay(ack_then_close) as server:
+        client = reader(server.url, retry_base=base, retry_cap=10.0)
+        await asyncio.wait_for(client.connect(), 30)
+        await server.connection(6)
+        await client.close()
+    gaps = [later - earlier for earlier, later in zip(opened, opened[1:], strict=False)]
+    # Each wait is at least half its ceiling, and the ceiling doubles: an acknowledgement alone
+    # does not count as the connection having worked.
+    for failures, gap in enumerate(gaps[:6]):
+        assert gap >= base * 2**failures / 2, (failures, gaps)

@@ -93,6 +93,13 @@ class MessageSend:
 
 
 @dataclass(frozen=True, slots=True)
+class Resume:
+    """The cursor, sent first on a connection opened with `resume=frame` (a cursor too long for a URL)."""
+
+    cursor: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Register:
     instance: str
     # Only the fields given: `cognition`, `family`, `host` (strings) and `weight` (a number).
@@ -121,6 +128,7 @@ SERVER_FRAMES: dict[str, type] = {
 }
 CLIENT_FRAMES: dict[str, type] = {
     "message.send": MessageSend,
+    "resume": Resume,
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
@@ -137,7 +145,7 @@ ServerFrame = (
     | DeregisterAck
     | Error
 )
-ClientFrame = MessageSend | Register | Heartbeat | Deregister
+ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister
 
 
 # ── the client's own events ──────────────────────────────────────────────────

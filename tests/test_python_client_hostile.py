@@ -6,6 +6,7 @@ repeat one, or make a send land twice.
 """
 
 import asyncio
+import itertools
 import json
 import logging
 
@@ -321,7 +322,7 @@ async def test_a_server_that_acknowledges_then_closes_is_retried_ever_more_slowl
         await asyncio.wait_for(client.connect(), 30)
         await server.connection(6)
         await client.close()
-    gaps = [later - earlier for earlier, later in zip(opened, opened[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(opened)]
     # Each wait is at least half its ceiling, and the ceiling doubles: an acknowledgement alone
     # does not count as the connection having worked.
     for failures, gap in enumerate(gaps[:6]):

@@ -184,3 +184,44 @@ async def test_the_python_client_sends_a_cursor_too_long_for_a_url_as_the_first_
     app = Application(client)
     await app.until(lambda app: app.seqs(str(general.id)) == [3, 4, 5])
     await client.close()
+
+
+def peak_rss_mb(instance) -> float:
+    """The instance's peak resident memory so far (VmHWM), in MB."""
+    for line in open(f"/proc/{instance.process.pid}/status").read().splitlines():  # noqa: SIM115
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_five_flooding_sockets_queue_a_bounded_input_and_an_innocent_user_still_gets_through(
+    live_instances, acme
+):
+    # The rate limit out of the way: what is left to hold the flood back is the bound on input.
+    (instance,) = live_instances(1, RELAY_RATE_FRAMES_PER_S="1000000")
+    general = str(acme.channels["general"].id)
+    flooders = [await WsClient.open(instance.ws_url(acme.token("tuan"))) for _ in range(5)]
+    for flooder in flooders:
+        await flooder.next_of("connection.ack")
+    before = peak_rss_mb(instance)
+    text = "x" * 16_384  # each one a database write: the consumers fall behind at once
+
+    async def flood(client: WsClient, number: int) -> None:
+        for n in range(1_000):
+            await client.send("message.send", {"idem_key": f"f{number}-{n}", "channel": general, "text": text})
+
+    floods = [asyncio.create_task(flood(flooder, number)) for number, flooder in enumerate(flooders)]
+    # An innocent user connects, sends and is acknowledged while the flood goes on.
+    await flooders[0].wait_for(lambda client: client.of_type("message.ack"))
+    linh = await WsClient.open(instance.ws_url(acme.token("linh")))
+    await linh.next_of("connection.ack")
+    answer = await linh.send_and_ack({"idem_key": "innocent", "channel": general, "text": "hello"}, timeout=60)
+    assert answer["type"] == "message.ack"
+    # The flood was still going: its sends wait on the client's side, not in the instance.
+    assert not all(flood.done() for flood in floods)
+    grown = peak_rss_mb(instance) - before
+    # 80 MB sent at the instance; what it may hold of them is about 1 MiB a connection.
+    assert grown < 5 * 8, f"{grown:.1f} MB"
+    for flood in floods:
+        flood.cancel()
+    await close_all(linh, *flooders)

@@ -202,3 +202,48 @@ def test_daphnes_command_line_builds_the_server_whose_access_log_has_no_query_st
     lines = access_log.read_text()
     assert "/v1/ws" in lines and "/healthz" in lines
     assert "secret" not in lines and "token" not in lines
+
+
+# ── inbound backpressure: Daphne still queues each frame in onMessage, and pausing holds ─
+async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_socket(monkeypatch):
+    import asyncio
+
+    from daphne.ws_protocol import WebSocketProtocol
+    from twisted.internet import reactor
+
+    from relay.transport import inbound_backpressure
+
+    class Transport:
+        disconnected = False
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def pauseProducing(self) -> None:
+            self.calls.append("pause")
+
+        def resumeProducing(self) -> None:
+            self.calls.append("resume")
+
+    checks: list[tuple] = []
+    monkeypatch.setattr(reactor, "callLater", lambda delay, *call: checks.append(call))
+    monkeypatch.setattr(WebSocketProtocol, "onMessage", WebSocketProtocol.onMessage)
+    inbound_backpressure.install()
+    protocol = WebSocketProtocol()
+    protocol.application_queue, protocol.muted, protocol.client_addr = asyncio.Queue(), False, ("127.0.0.1", 1)
+    protocol.transport = Transport()
+    for _ in range(inbound_backpressure.MAX_QUEUED_FRAMES):
+        protocol.onMessage(b"{}", False)
+    # Daphne's own behaviour, which the patch relies on: one queued message per frame, in order.
+    assert protocol.application_queue.qsize() == inbound_backpressure.MAX_QUEUED_FRAMES
+    assert protocol.application_queue.get_nowait() == {"type": "websocket.receive", "text": "{}"}
+    assert protocol.transport.calls == []
+    protocol.onMessage(b"{}", False)
+    protocol.onMessage(b"{}", False)
+    assert protocol.transport.calls == ["pause"]
+    # Taken below half: the check that was scheduled resumes reading.
+    while protocol.application_queue.qsize() > inbound_backpressure.MAX_QUEUED_FRAMES // 2:
+        protocol.application_queue.get_nowait()
+    check, *arguments = checks[0]
+    check(*arguments)
+    assert protocol.transport.calls == ["pause", "resume"]

@@ -327,3 +327,25 @@ async def test_a_server_that_acknowledges_then_closes_is_retried_ever_more_slowl
     # does not count as the connection having worked.
     for failures, gap in enumerate(gaps[:6]):
         assert gap >= base * 2**failures / 2, (failures, gaps)
+
+
+async def test_a_send_refused_rate_limited_goes_again_after_the_wait_and_lands_once():
+    async def limit_the_first(connection: Connection) -> None:
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        first = await connection.next_frame()
+        await connection.send("error", {"code": "rate_limited", "message": "slow down", "retry_after_ms": 50})
+        again = await connection.next_frame()
+        assert again == first
+        payload = again["payload"]
+        ack = {"idem_key": payload["idem_key"], "id": "m-1", "channel": CHANNEL, "seq": 1}
+        await connection.send("message.ack", ack)
+        await connection.drain()
+
+    async with ScriptedRelay(limit_the_first) as server:
+        client = reader(server.url)
+        await asyncio.wait_for(client.connect(), 30)
+        ack = await asyncio.wait_for(client.send(CHANNEL, "hello"), 30)
+        assert (ack.seq, ack.channel) == (1, CHANNEL)
+        assert [frame["type"] for frame in server.connections[0].received] == ["message.send", "message.send"]
+        assert len(server.connections) == 1
+        await client.close()

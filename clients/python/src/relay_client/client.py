@@ -154,6 +154,7 @@ class Client:
         self._serial = 0  # counts connections; a task started for one checks it is still current
         self._live = False  # from connection.ack until the connection closes
         self._send_lock = asyncio.Lock()
+        self._retrying = False  # requests refused `rate_limited` are to go again
         self._order = itertools.count()
         self._runner: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None  # what connect() waits for
@@ -333,6 +334,19 @@ class Client:
         request.future.set_exception(refusal)
         return True
 
+    async def _send_again_after(self, serial: int, delay: float) -> None:
+        """After `delay`, send every request the connection `serial` carried and has not answered again."""
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._retrying = False
+        if serial != self._serial:
+            return  # a new connection sent them all already
+        for request in list(self._pending.values()):
+            if request.sent is not None and request.sent[0] == serial:
+                request.sent = None
+                await self._transmit(request)
+
     def _check_open(self) -> None:
         if self._failure is not None:
             raise self._failure
@@ -497,6 +511,12 @@ class Client:
                 self._answer(("Register", frame.instance), frame)
             case DeregisterAck():
                 self._answer(("Deregister", frame.instance), frame)
+            case Error(code="rate_limited"):
+                # The server names no frame here: every request in flight goes again once the wait
+                # is over (each is idempotent; one that was answered meanwhile is skipped).
+                if not self._retrying:
+                    self._retrying = True
+                    self._spawn(self._send_again_after(self._serial, (frame.retry_after_ms or 1000) / 1000))
             case Error():
                 if not self._refuse(frame):
                     self._emit(frame)

@@ -475,3 +475,26 @@ def test_the_browser_client_sends_a_cursor_too_long_for_a_url_as_the_first_frame
         assert page.evaluate("window.seen") == [3]
         assert server.connections[0].query == {"token": "t", "resume": "frame"}
         page.evaluate("window.client.close()")
+
+
+def test_the_browser_client_sends_again_what_was_refused_rate_limited(chromium, relays):
+    async def limit_the_first(connection: Connection) -> None:
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        first = await connection.next_frame()
+        await connection.send("error", {"code": "rate_limited", "message": "slow down", "retry_after_ms": 50})
+        again = await connection.next_frame()
+        if again == first:
+            payload = again["payload"]
+            ack = {"idem_key": payload["idem_key"], "id": "m-1", "channel": CHANNEL, "seq": 1}
+            await connection.send("message.ack", ack)
+        await connection.drain()
+
+    (relay,) = relays(1)
+    page = chromium.open("scripted")
+    page.goto(f"{relay.http_url}/healthz")
+    with scripted_relay(limit_the_first) as server:
+        page.evaluate(RUN_CLIENT_WITH, [server.url, {"cursor": {CHANNEL: 0}}])
+        ack = page.evaluate(f"window.client.send({json.dumps(CHANNEL)}, 'hello')")
+        assert (ack["seq"], ack["channel"]) == (1, CHANNEL)
+        assert [frame["type"] for frame in server.connections[0].received] == ["message.send", "message.send"]
+        page.evaluate("window.client.close()")

@@ -137,6 +137,7 @@ export class RelayClient extends EventTarget {
   #started = false;
   #stopped = false;
   #failures = 0;
+  #retrying = false; // sends refused `rate_limited` are to go again
   /** @type {{code: number, token: string} | null} */
   #refused = null;
   /** @type {ReturnType<typeof setTimeout> | undefined} */
@@ -378,6 +379,8 @@ export class RelayClient extends EventTarget {
         this.#pending.delete(`${payload.channel} ${payload.idem_key}`);
         request.resolve(payload);
       }
+    } else if (type === "error" && payload.code === "rate_limited") {
+      this.#sendAgainAfter(payload.retry_after_ms ?? 1000);
     } else if (type === "error") {
       if (!(payload.type === "message.send" && this.#refuseOldestSend(payload))) this.#emit("relay-error", payload);
     }
@@ -424,6 +427,26 @@ export class RelayClient extends EventTarget {
     this.#pending.delete(oldest[0]);
     oldest[1].reject(Object.assign(new Error(`${error.code}: ${error.message}`), { code: error.code }));
     return true;
+  }
+
+  /**
+   * The server names no frame in a `rate_limited` error: every send in flight on this connection
+   * goes again once the wait is over (a send is idempotent; one answered meanwhile is gone).
+   * @param {number} delayMs
+   */
+  #sendAgainAfter(delayMs) {
+    if (this.#retrying) return;
+    this.#retrying = true;
+    const serial = this.#serial;
+    setTimeout(() => {
+      this.#retrying = false;
+      if (serial !== this.#serial) return; // a new connection sent them all already
+      for (const request of this.#pending.values()) {
+        if (request.sent?.[0] !== serial) continue;
+        request.sent = null;
+        this.#transmit(request);
+      }
+    }, delayMs);
   }
 
   /** @param {SendRequest} request */

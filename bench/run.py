@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare
+from bench import compare, fairness
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -777,6 +777,10 @@ TARGETS = {
     "ratio.bigroom_connect_cpu_vs_small": ("<=", 3),
     "reconnect_flicker_frames": ("<=", 0),
     "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
+    # One user flooding from five sockets (bench/fairness.py).
+    "fairness.innocent_p90_ratio": ("<=", 2),
+    "fairness.flooder_rss_growth_mb": ("<=", 40),
+    "fairness.rate_limited_errors": (">", 0),
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -796,7 +800,7 @@ def verdict(key: str, value: float) -> str:
     if key not in TARGETS:
         return ""
     op, target = TARGETS[key]
-    met = value >= target if op == ">=" else value <= target
+    met = value >= target if op == ">=" else value > target if op == ">" else value <= target
     return f"{'met' if met else 'MISSED'} ({op} {target})"
 
 
@@ -911,6 +915,7 @@ PHASES = (
     "reap",
     "bigroom",
     "paced",
+    "fairness",
 )
 
 
@@ -1013,6 +1018,8 @@ def main() -> int:
             results.update(compare.phase_bigroom(world, workdir, sizes, redis_client))
         if fresh("paced"):
             results.update(compare.phase_paced(world, workdir, sizes))
+        if fresh("fairness"):
+            results.update(fairness.phase_fairness(world, workdir, rounds=3 if mode == "smoke" else 20))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

@@ -4,30 +4,30 @@ One `PresenceService` per event loop holds this instance's view, always keyed by
 (environment id, user id) and never by the user id alone: the connections of each held user,
 ONE pending grace check per user (replaced, never added), and the one task that refreshes and
 reaps every RELAY_PRESENCE_REFRESH_MS while the instance holds anybody. Which instance is
-"first" or "last" anywhere is Redis's question (presence/store.py); this module only knows
+"first" or "last" anywhere is Redis's question (presence/scripts.py); this module only knows
 its own connections.
 """
 
 import asyncio
 import functools
 import logging
-import time
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from presence.clock import Clock, LoopClock, Timer
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
 from presence.queries import channel_ids_of_member
-from presence.store import REAP_BATCH, PresenceStore, Timings, member, record_failure, split_member
+from presence.scripts import member, split_member
+from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
 from relay import close_codes, metrics
+from relay.clock import Clock, LoopClock, Periodic, Timer
 from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
+from relay.loops import PerLoop
 from relay.registry import Connection
 
 logger = logging.getLogger("presence")
@@ -40,13 +40,9 @@ NEVER_RETRACTED = "its last online was never retracted (the instance that held i
 VANISHED = "key vanished under a live connection; re-electing"
 EPOCH_CHANGED = "redis lost its data since the close; asking again after a refresh"
 
-# The copies of one group message reach every local member within milliseconds.
-INVALID_COPY_WINDOW_SECONDS = 1.0
-INVALID_SEEN_MAX = 256
-
 Subject = tuple[str, str]
 
-# Presence's one source of time on this instance (presence/clock.py); tests replace it.
+# Presence's one source of time on this instance (relay/clock.py); tests replace it.
 clock: Clock = LoopClock()
 
 
@@ -114,14 +110,17 @@ class PresenceService:
         self.held: dict[Subject, Held] = {}
         self.pending: dict[Subject, Timer] = {}
         self.closed = False
-        self._ticker: asyncio.Task | None = None
-        self._reaper: asyncio.Task | None = None
+        # Two rounds: a long reaper pass (a dead peer's thousands of users) never delays this
+        # instance's own refresh past the TTL. Each stops when the instance holds nobody: every
+        # live watcher is held by some instance, and that instance's reaper tells them about a
+        # dead peer's users.
+        self.refresher = self._every_interval("refresh", self._refresh)
+        self.reaper = self._every_interval("reap", self._reap)
         # The reaper's `offline`s decided on a separate presence Redis and not yet published.
         self._unpublished: list[tuple[str, str, list[str]]] = []
         # Resolved when the refresh in flight (if any) has been answered by Redis.
         self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._invalid_seen: dict[int, float] = {}
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(self, conn: Connection, watch: Sequence[str]) -> list[str] | None:
@@ -196,7 +195,7 @@ class PresenceService:
             # would wait for the reaper. The release goes once Redis has answered it.
             await refreshing
         # AWAITED before the timer is armed: the re-pin's round trip then sits inside the wait
-        # instead of racing the check (seed 004, R2b).
+        # instead of racing the check (docs/presence.md, The races: the margin).
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
@@ -274,38 +273,20 @@ class PresenceService:
 
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
-        if self.closed:
-            return
-        # Two tasks: a long reaper pass (a dead peer's thousands of users) never delays this
-        # instance's own refresh past the TTL. Each stops when the instance holds nobody: every
-        # live watcher is held by some instance, and that instance's reaper tells them about a
-        # dead peer's users.
-        if self._ticker is None:
-            self._ticker = asyncio.ensure_future(self._every_interval("refresh", self._refresh))
-        if self._reaper is None:
-            self._reaper = asyncio.ensure_future(self._every_interval("reap", self._reap))
+        if not self.closed:
+            self.refresher.start()
+            self.reaper.start()
 
-    async def _every_interval(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
-        try:
-            while self.held and not self.closed:
-                await self.clock.sleep(self.timings.refresh / 1000)
-                try:
-                    await work()
-                except Exception as error:
-                    # Redis faults are handled inside; this is the net that keeps one
-                    # unexpected error from ending refresh or reaping for good.
-                    record_failure(name, error)
-        finally:
-            if name == "refresh":
-                self._ticker = None
-            else:
-                self._reaper = None
-
-    async def tick(self) -> None:
-        """Refresh every held user in one round trip, then reap dead instances' users (as both tasks do)."""
-        if self.held:
-            await self._refresh()
-        await self._reap()
+    def _every_interval(self, name: str, work: Callable[[], Awaitable[None]]) -> Periodic:
+        return Periodic(
+            work,
+            interval=lambda: self.timings.refresh / 1000,
+            clock=lambda: self.clock,
+            # Redis faults are handled inside; this is the net that keeps one unexpected error
+            # from ending refresh or reaping for good.
+            failed=functools.partial(record_failure, name),
+            wanted=lambda: bool(self.held) and not self.closed,
+        )
 
     async def _refresh(self) -> None:
         snapshot = {}
@@ -408,22 +389,6 @@ class PresenceService:
             return None  # `publish` then declines too: nothing goes out after a shutdown began
         return channel_layer().publications(_group_sends(user_id, state, channels, transition_id), self.store.url)
 
-    # ── the fabric ───────────────────────────────────────────────────────────
-    def first_sight_of_invalid(self, message: dict) -> bool:
-        """True for the first local copy of a malformed fabric message, False for the others.
-
-        Every local member of a group receives its own copy of a message, so without this one
-        bad publish to a busy channel would log once per connection instead of once.
-        """
-        now = time.monotonic()
-        fingerprint = hash(repr(message))
-        if self._invalid_seen.get(fingerprint, 0) > now:
-            return False
-        if len(self._invalid_seen) >= INVALID_SEEN_MAX:
-            self._invalid_seen = {key: until for key, until in self._invalid_seen.items() if until > now}
-        self._invalid_seen[fingerprint] = now + INVALID_COPY_WINDOW_SECONDS
-        return True
-
     # ── shutdown ─────────────────────────────────────────────────────────────
     def stop(self) -> None:
         """Cancel every timer and task; nothing is published after this returns."""
@@ -431,9 +396,8 @@ class PresenceService:
         for handle in self.pending.values():
             handle.cancel()
         self.pending.clear()
-        for task in (self._ticker, self._reaper):
-            if task is not None:
-                task.cancel()
+        self.refresher.cancel()
+        self.reaper.cancel()
         for task in list(self._tasks):
             task.cancel()
 
@@ -450,22 +414,10 @@ class PresenceService:
         await self.store.close()
 
 
-_services: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PresenceService]" = weakref.WeakKeyDictionary()
-
-
-def service() -> PresenceService:
-    """The presence service of the running event loop.
-
-    Per loop because a Redis client and its timers belong to one loop: Daphne runs one, while
-    in-process tests run each test in a fresh loop and get a fresh, independent service.
-    """
-    loop = asyncio.get_running_loop()
-    found = _services.get(loop)
-    if found is None:
-        found = _services[loop] = PresenceService()
-    return found
+# The presence service of the running event loop (its Redis client and timers belong to it).
+service = PerLoop(PresenceService)
 
 
 def running_services() -> list[PresenceService]:
     """Every service still attached to a live loop (for shutdown)."""
-    return list(_services.values())
+    return service.every()

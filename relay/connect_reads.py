@@ -4,10 +4,8 @@ The connects of one event loop that wait for the database together share one wor
 (relay.batching), and one query per table for the batch (relay.queries).
 """
 
-import asyncio
 import logging
 import uuid
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +15,7 @@ from relay import registry
 from relay.batching import GroupCommit
 from relay.exceptions import InvalidToken
 from relay.logging import Event, log_event
+from relay.loops import PerLoop
 from relay.models import Environment, User
 from relay.queries import channel_ids_of_user, channel_ids_of_users, users_by_external_id
 from relay.tokens import authenticate
@@ -100,16 +99,12 @@ _read_in_worker = database_sync_to_async(_read_connects)
 # worker-thread hop, because the hop itself (the handoff to the thread and back, Django's
 # connection bookkeeping on both sides, the GIL passed between the threads) costs more than the
 # reads in it.
-_connect_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
+_connect_reads = PerLoop(lambda: GroupCommit(_read_in_worker))
 
 
 async def read_connect(token: str | None, extensions: list[registry.Extension]) -> ConnectRead:
     """Authenticate a connect and read what it needs, in the event loop's shared database hop."""
-    loop = asyncio.get_running_loop()
-    reads = _connect_reads.get(loop)
-    if reads is None:
-        reads = _connect_reads[loop] = GroupCommit(_read_in_worker)
-    return await reads.submit((token, extensions))
+    return await _connect_reads().submit((token, extensions))
 
 
 @database_sync_to_async

@@ -86,6 +86,7 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
         # connection (and applied after connect) instead of lost, which would leave it in a
         # channel it was removed from until it reconnects.
         self.bus = membership.bus()
+        self.applied = membership.Applied()
         await self.bus.start()
         self.reconciler = reconcile.reconciler()
         await self.reconciler.start()
@@ -270,13 +271,16 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
 
     async def membership_changed(self, event: dict) -> None:
         """The user joined or left a channel: keep `channel_ids` and every app's groups current."""
-        channel_id = event["channel"]
-        if event["member"] and channel_id not in self.channel_ids:
+        if self.applied.notice(event["channel"], event["member"], event["version"]):
+            await self._apply_membership(event["channel"], event["member"])
+
+    async def _apply_membership(self, channel_id: str, member: bool) -> None:
+        if member and channel_id not in self.channel_ids:
             self.channel_ids.add(channel_id)
             await self.channel_layer.group_add_many(self._groups([channel_id]), self.channel_name)
             for ext in self.admitted:
                 await self._guarded(ext.channel_added, "channel_added", channel_id)
-        elif not event["member"] and channel_id in self.channel_ids:
+        elif not member and channel_id in self.channel_ids:
             # Out of `channel_ids` first: every app drops the channel's events from here on, even
             # those already queued for this connection.
             self.channel_ids.discard(channel_id)
@@ -286,12 +290,14 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
 
     async def membership_sync(self, event: dict) -> None:
         """The reconciliation read the user's channels (a change's notice may have been lost): apply the difference."""
-        channels = set(event["channels"])
+        channels = self.applied.sync(set(event["channels"]), event["version"])
+        if channels is None:
+            return  # read before a read already applied
         added, removed = channels - self.channel_ids, self.channel_ids - channels
         for channel_id in sorted(removed):
-            await self.membership_changed({"channel": channel_id, "member": False})
+            await self._apply_membership(channel_id, False)
         for channel_id in sorted(added):
-            await self.membership_changed({"channel": channel_id, "member": True})
+            await self._apply_membership(channel_id, True)
         if added or removed:
             log_event(
                 logger,

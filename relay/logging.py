@@ -1,4 +1,4 @@
-"""The log format and the event vocabulary (docs/contract.md, Log vocabulary).
+"""The log format and the event vocabulary (docs/contract.md, 6. Log vocabulary).
 
 Events are logged as `log_event(logger, Event.PRESENCE_PUBLISHED, user=..., ...)`: the
 record's message is the event name and its fields travel on the record, so tests
@@ -38,7 +38,6 @@ class Event(StrEnum):
     MEMBERSHIP_LISTENER_FAILED = "membership.listener_failed"
     MEMBERSHIP_NOTIFY_FAILED = "membership.notify_failed"
     MEMBERSHIP_REPAIRED = "membership.repaired"
-    MEMBERSHIP_VERSION_FAILED = "membership.version_failed"
     MESSAGE_FAILED = "message.failed"
     MESSAGE_FANOUT_FAILED = "message.fanout_failed"
     MESSAGE_INVALID_EVENT = "message.invalid_event"

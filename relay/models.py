@@ -47,6 +47,21 @@ class Environment(models.Model):
         related_name="relay_environments",
         help_text="Staff (other than superusers) who may see this environment in admin.",
     )
+    # Presence settings (docs/contract.md, "Rich presence" and "Large rooms and signals"),
+    # read and changed by the tenant through GET/PATCH /v1/settings.
+    allow_invisible = models.BooleanField(
+        default=True, help_text="Users may turn invisible (look offline while connected)."
+    )
+    share_last_seen = models.BooleanField(
+        default=True, help_text="presence.query tells members when a user was last seen."
+    )
+    large_room_members = models.PositiveIntegerField(
+        default=1000,
+        help_text="A channel with more members than this gets occupancy counts instead of per-user presence.",
+    )
+    signal_max_members = models.PositiveIntegerField(
+        default=100, help_text="Signals (typing indicators) are refused in channels with more members than this."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -100,6 +115,9 @@ class User(models.Model):
     external_id = models.CharField("id", max_length=128)
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Bumped in the transaction of every change to the user's memberships (relay/membership.py):
+    # it orders the changes, and nothing that happens after the commit can lose it.
+    membership_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["environment", "external_id"]

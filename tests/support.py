@@ -2,7 +2,7 @@
 
 Two kinds of socket are read the same way (FrameRecorder): `Socket` talks to relay.asgi in this
 process, `WsClient` is a real WebSocket client of a live instance. Multi-instance behaviour is
-tested the way seed 004's integration suite does it: several real Daphne processes on one real
+tested with several real Daphne processes on one real
 Redis and one database file, with timings scaled down through the same environment variables an
 operator sets. In one process, presence's time is a ManualClock and the registry's a FrozenClock.
 """
@@ -581,7 +581,7 @@ class ManualTimer:
 
 
 class ManualClock:
-    """Presence's clock (presence.clock.Clock) moved by hand: nothing it schedules runs until `advance`."""
+    """A clock (relay.clock.Clock) moved by hand: nothing it schedules runs until `advance`."""
 
     def __init__(self) -> None:
         self.now = 0.0

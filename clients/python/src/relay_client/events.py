@@ -91,6 +91,8 @@ class Error:
     code: str
     message: str
     type: str | None = None
+    # `rate_limited`: how long to wait before the connection's next frame is accepted.
+    retry_after_ms: int | None = None
 
 
 # ── client → server ──────────────────────────────────────────────────────────
@@ -99,6 +101,13 @@ class MessageSend:
     idem_key: str
     channel: str
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The cursor, sent first on a connection opened with `resume=frame` (a cursor too long for a URL)."""
+
+    cursor: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +140,7 @@ SERVER_FRAMES: dict[str, type] = {
 }
 CLIENT_FRAMES: dict[str, type] = {
     "message.send": MessageSend,
+    "resume": Resume,
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
@@ -148,7 +158,7 @@ ServerFrame = (
     | DeregisterAck
     | Error
 )
-ClientFrame = MessageSend | Register | Heartbeat | Deregister
+ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister
 
 
 # ── the client's own events ──────────────────────────────────────────────────

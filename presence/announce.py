@@ -23,7 +23,7 @@ from django.conf import settings
 from presence.fabric import group_name, transition_message
 from presence.queries import large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
-from presence.scripts import ANNOUNCE, presence_key
+from presence.scripts import ANNOUNCE, CHANNEL_SEEN, CHANNEL_UNSEEN, channel_online_key, presence_key
 from presence.store import record_failure
 from relay import metrics
 from relay.layer import channel_layer
@@ -41,8 +41,10 @@ async def _publications(sends: list[tuple[str, dict]]) -> list[tuple[str, bytes]
 def member_added(
     sender: type, channel: Channel, user: User, membership_id: int | None = None, **kwargs: object
 ) -> None:
-    """`membership.member_added` receiver: announce the user's `online` to those it is news to."""
+    """`membership.member_added` receiver: put the user in the channel's online set if online,
+    and announce their `online` to those it is news to."""
     channel_id = str(channel.id)
+    join_online_set(str(channel.environment_id), user.external_id, channel_id)
     if large_channel_ids([channel_id]):
         # Counted, not named: the instances' next recheck sends the channel's new count.
         return
@@ -60,6 +62,32 @@ def member_added(
     if announce(str(channel.environment_id), user.external_id, publish):
         # A count: the ids would be a membership graph in a log file.
         log_event(logger, Event.PRESENCE_ANNOUNCED, user=user.external_id, watchers=len(watchers))
+
+
+def join_online_set(environment_id: str, user_id: str, channel_id: str) -> None:
+    """Put the user in the channel's online set if they are online, before the API answers.
+
+    A snapshot read after the answer must list them (docs/contract.md: every user sharing a
+    channel who is online now); the instances holding their connections write it too, but only
+    once the change's notice reaches them, and a watcher can connect before that. Written
+    first and checked after: an `offline` decided after the check takes the user out of the
+    channels it reads from the database, this one among them, so no ghost is left; when the
+    check finds them offline the write is undone (unless a connect renewed it meanwhile).
+    """
+    key = channel_online_key(channel_id)
+    started = time.perf_counter()
+    try:
+        client = sync_client()
+        score = client.register_script(CHANNEL_SEEN)(
+            keys=[key], args=[settings.RELAY_PRESENCE_TTL_MS, "score", user_id]
+        )
+        if not client.exists(presence_key(environment_id, user_id)):
+            client.register_script(CHANNEL_UNSEEN)(keys=[key], args=[user_id, score])
+    except (redis.RedisError, OSError) as error:
+        # The holders' own write (as they apply the change) and their refresh still add them.
+        record_failure("channel_joined", error)
+    finally:
+        metrics.redis_op_seconds("channel_joined").observe(time.perf_counter() - started)
 
 
 def announce(environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]]) -> bool | None:

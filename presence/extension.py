@@ -83,6 +83,11 @@ class PresenceExtension(registry.Extension):
             _owe_repair(conn)
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
+        # Into the channel's online set now, not at the next refresh: a co-member connecting
+        # meanwhile reads the set for its snapshot (presence.announce writes it before the API
+        # answers; this covers a change whose notice came another way, or whose write failed).
+        service = actions.service()
+        await service.store.channels_seen({channel_id: [conn.user_id]}, service.timings.ttl, "channel_joined")
         large = await delivery.read_large_channel_ids({channel_id})
         delivery.fanout().modes({channel_id}, large)
         if not large:
@@ -95,6 +100,10 @@ class PresenceExtension(registry.Extension):
         if counts is not None:
             frame = PresenceOccupancy(channel=channel_id, online=counts[channel_id])
             await conn.send_frame("presence.occupancy", frame)
+
+    async def channel_removed(self, conn: Connection, channel_id: str) -> None:
+        # Out of the channel's online set: it no longer counts or names the user there.
+        await actions.service().store.channels_gone([(conn.user_id, [channel_id])])
 
     async def closed(self, conn: Connection) -> None:
         # Membership changes need nothing more: the consumer follows them with the groups, and the

@@ -523,10 +523,11 @@ return decided
 # channel (cluster-ready: declared in KEYS, the channel's hash tag).
 #
 # KEYS: the channel's online set. ARGV: for how long (ms from now) the users count as online,
-# what to answer ("members": the online user ids, "count": how many, "": nothing), then the user
-# ids seen online. A score is an expiry, renewed by the refresh, so an entry that no `offline`
-# removed (an instance died between the user's script and this one) goes by itself; GT keeps a
-# longer pin (a close's grace) from being shortened by a connect or refresh elsewhere.
+# what to answer ("members": the online user ids, "count": how many, "score": the first user's
+# score after the write, "": nothing), then the user ids seen online. A score is an expiry,
+# renewed by the refresh, so an entry that no `offline` removed (an instance died between the
+# user's script and this one) goes by itself; GT keeps a longer pin (a close's grace) from being
+# shortened by a connect or refresh elsewhere.
 #
 # Equivalent Python:
 #
@@ -538,6 +539,8 @@ return decided
 #         return list(online)
 #     if answer == "count":
 #         return len(online)
+#     if answer == "score":
+#         return online[users[0]]
 #     return 0
 CHANNEL_SEEN = (
     _NOW
@@ -554,7 +557,25 @@ if ARGV[2] == 'members' then
   return redis.call('ZRANGE', KEYS[1], 0, -1)
 elseif ARGV[2] == 'count' then
   return redis.call('ZCARD', KEYS[1])
+elseif ARGV[2] == 'score' then
+  return redis.call('ZSCORE', KEYS[1], ARGV[3])
 end
 return 0
 """
 )
+
+# Undo one CHANNEL_SEEN write found unwarranted (the user was not online after all): the entry
+# goes only if nothing renewed it since, so a connect or refresh that wrote it meanwhile stands.
+#
+# KEYS: the channel's online set. ARGV: the user id, the score that write answered.
+#
+# Equivalent Python:
+#
+#     if online.get(user) == score:
+#         del online[user]
+CHANNEL_UNSEEN = """
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""

@@ -278,7 +278,7 @@ class PresenceService:
             # a Redis blip at this moment would otherwise leave the user online for good.
             self._check_again(subject, epoch, last_seen_ms)
             return
-        outcome, now = reply
+        outcome, now, decided_ms = reply
         if outcome == 3:
             # Redis lost its data since the close (a restart, an eviction): the key's absence says
             # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
@@ -293,7 +293,7 @@ class PresenceService:
         elif outcome == 1:
             await self.publish(environment_id, user_id, "offline", ordered, transition_id, last_seen_ms)
         if outcome == 1:
-            await self.store.channels_gone([(user_id, ordered)])
+            await self.store.channels_gone([(user_id, ordered)], decided_ms)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 

@@ -82,7 +82,8 @@ def join_online_set(environment_id: str, user_id: str, channel_id: str) -> None:
             keys=[key], args=[settings.RELAY_PRESENCE_TTL_MS, "score", user_id]
         )
         if not client.exists(presence_key(environment_id, user_id)):
-            client.register_script(CHANNEL_UNSEEN)(keys=[key], args=[user_id, score])
+            # Only this write's entry: one a connect renewed meanwhile scores higher and stays.
+            client.register_script(CHANNEL_UNSEEN)(keys=[key], args=[float(score) + 1, user_id])
     except (redis.RedisError, OSError) as error:
         # The holders' own write (as they apply the change) and their refresh still add them.
         record_failure("channel_joined", error)

@@ -258,7 +258,9 @@ return epoch
 #
 # KEYS: key, marker, deadlines, channels, epoch. ARGV: marker ttl, member, the epoch the close
 # saw, fresh epoch, then (channel, payload) pairs to PUBLISH if this caller wins.
-# Returns {0} = still online, {1} = won the right to publish `offline`, {2} = another instance
+# Returns {0} = still online, {1, now} = won the right to publish `offline` (at `now`, Redis ms:
+# the user's entries in their channels' online sets written before it are theirs to remove, any
+# written after it are a return's), {2} = another instance
 # (or the reaper) already did, {3, epoch} = Redis lost its data since the close (the epoch
 # differs): decide nothing now, since the live holders re-elect the key at their next refresh.
 # The winner takes the user's deadline: a deadline only stands while the last word said of the
@@ -279,10 +281,11 @@ return epoch
 #             redis.xadd(stream, t="user.offline", e=env, u=user, c=channel_ids, l=last_seen)
 #         for channel, payload in publish:
 #             redis.publish(channel, payload)
-#         return [1]
+#         return [1, now]
 #     return [2]
 GRACE_CHECK = (
-    _EPOCH.format(epoch_key="KEYS[5]", fresh="ARGV[4]")
+    _NOW
+    + _EPOCH.format(epoch_key="KEYS[5]", fresh="ARGV[4]")
     + """
 if epoch ~= ARGV[3] then
   return {3, epoch}
@@ -303,7 +306,7 @@ if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
   for i = first, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
-  return {1}
+  return {1, now}
 end
 return {2}
 """
@@ -564,18 +567,24 @@ return 0
 """
 )
 
-# Undo one CHANNEL_SEEN write found unwarranted (the user was not online after all): the entry
-# goes only if nothing renewed it since, so a connect or refresh that wrote it meanwhile stands.
+# Take users out of a channel's online set, but only the entries written before a point in time:
+# an entry scored `bound` or more was written (or renewed) after it, by a connect or refresh of a
+# user who is back, and stands. Scores only ever grow (GT), so a later write is never hidden.
 #
-# KEYS: the channel's online set. ARGV: the user id, the score that write answered.
+# KEYS: the channel's online set. ARGV: the bound (Redis ms), then the user ids.
 #
 # Equivalent Python:
 #
-#     if online.get(user) == score:
-#         del online[user]
+#     for user in users:
+#         if online.get(user, bound) < bound:
+#             del online[user]
 CHANNEL_UNSEEN = """
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) == ARGV[2] then
-  redis.call('ZREM', KEYS[1], ARGV[1])
+local bound = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) < bound then
+    redis.call('ZREM', KEYS[1], ARGV[i])
+  end
 end
 return 0
 """

@@ -24,6 +24,7 @@ from redis.exceptions import NoScriptError
 from presence.scripts import (
     ADMIT,
     CHANNEL_SEEN,
+    CHANNEL_UNSEEN,
     DEADLINES,
     EPOCH,
     GRACE_CHECK,
@@ -163,6 +164,7 @@ class PresenceStore:
         self._refresh = self.client.register_script(REFRESH)
         self._reap = self.client.register_script(REAP)
         self._channel_seen = self.client.register_script(CHANNEL_SEEN)
+        self._channel_unseen = self.client.register_script(CHANNEL_UNSEEN)
         # A connect's or close's script goes with the calls made while one round trip is in flight
         # (relay.batching). One call each would put hundreds in flight in a burst, each queued
         # behind the others' set-up on redis-py's pool lock. A call alone goes at once.
@@ -278,10 +280,11 @@ class PresenceStore:
         publish: Sequence[tuple[str, bytes]] = (),
         channels: Sequence[str] = (),
         last_seen_ms: int | None = None,
-    ) -> tuple[int, str | None] | None:
-        """(0, _) = still online somewhere, (1, _) = this caller publishes `offline`, (2, _) = someone
-        else did, (3, epoch now) = Redis lost its data since the close, which saw `epoch`: ask again
-        after a refresh interval, in the new epoch. None when Redis did not answer.
+    ) -> tuple[int, str | None, int | None] | None:
+        """(0, _, _) = still online somewhere, (1, _, when) = this caller publishes `offline`, decided
+        at `when` (Redis ms), (2, _, _) = someone else did, (3, epoch now, _) = Redis lost its data
+        since the close, which saw `epoch`: ask again after a refresh interval, in the new epoch.
+        None when Redis did not answer.
 
         Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip;
         so is the webhook event (with `channels` and `last_seen_ms`) when the environment listens.
@@ -301,7 +304,10 @@ class PresenceStore:
         reply = await self.call("grace_check", lambda: self._script(self._grace_check, keys, args))
         if reply is None:
             return None
-        return int(reply[0]), (as_text(reply[1]) if len(reply) > 1 else epoch)
+        outcome = int(reply[0])
+        if outcome == 1:
+            return outcome, epoch, int(reply[1])
+        return outcome, (as_text(reply[1]) if len(reply) > 1 else epoch), None
 
     async def refresh(
         self, held: Iterable[tuple[str, Iterable[str] | None, Sequence[str]]]
@@ -378,13 +384,24 @@ class PresenceStore:
     def _seen(self, channel_id: str, for_ms: int, answer: str, user_ids: Sequence[str]) -> Awaitable[object]:
         return self._script(self._channel_seen, [channel_online_key(channel_id)], [for_ms, answer, *user_ids])
 
-    async def channels_gone(self, gone: Sequence[tuple[str, Iterable[str]]]) -> None:
-        """Take each (user id, channel ids) out of those channels' online sets (their `offline` was decided)."""
+    async def channels_gone(self, gone: Sequence[tuple[str, Iterable[str]]], decided_ms: int | None = None) -> None:
+        """Take each (user id, channel ids) out of those channels' online sets.
+
+        `decided_ms`: when their `offline` was decided (the grace check's answer); only entries
+        written before it go, so a user back since (their connect wrote the entry after the
+        decision, maybe before this call) stays. None: every entry goes (a membership ended).
+        """
         removals = [(channel_id, user_id) for user_id, channel_ids in gone for channel_id in channel_ids]
         if not removals:
             return
 
         async def work() -> None:
+            if decided_ms is not None:
+                # An entry written at the decision's own time or later lasts until then + TTL or longer.
+                bound = decided_ms + self.timings.ttl
+                unseen = [self._script(self._channel_unseen, [channel_online_key(c)], [bound, u]) for c, u in removals]
+                await asyncio.gather(*unseen)
+                return
             pipe = self.client.pipeline(transaction=False)
             for channel_id, user_id in removals:
                 pipe.zrem(channel_online_key(channel_id), user_id)

@@ -6,7 +6,7 @@ import pytest
 
 from presence.keys import channel_tag
 from presence.scripts import EPOCH, channel_online_key
-from presence.store import PresenceStore, Timings
+from presence.store import PresenceStore, Timings, presence_key
 
 ACME = str(uuid.uuid4())
 TIMINGS = Timings(grace=600, ttl=1000, refresh=200, margin=100, max_connections=3)
@@ -65,3 +65,25 @@ async def test_the_epoch_gets_a_ttl_from_the_first_election_and_every_refresh_re
     assert 0 < redis_client.pttl(EPOCH) <= TIMINGS.ttl
     await store.refresh([(f"{ACME}:tuan", None, ["c1"])])
     assert TIMINGS.ttl < redis_client.pttl(EPOCH) <= TIMINGS.epoch_ttl
+
+
+async def decide_offline(store: PresenceStore, redis_client, user_id: str) -> int:
+    """Close the user's one connection and let the grace run out; the grace check's decision time."""
+    await store.release(ACME, user_id, f"{user_id}-1", last_local=True)
+    redis_client.delete(presence_key(ACME, user_id))
+    outcome, _, decided_ms = await store.grace_check(ACME, user_id, redis_client.get(EPOCH))
+    assert outcome == 1
+    return decided_ms
+
+
+async def test_an_offline_decided_before_a_return_takes_out_only_the_entries_written_before_it(store, redis_client):
+    for user_id in ("tuan", "mai"):
+        await store.elect(ACME, user_id, f"{user_id}-1", channels=[HALL])
+    decided_tuan = await decide_offline(store, redis_client, "tuan")
+    decided_mai = await decide_offline(store, redis_client, "mai")
+    # tuan is back (his connect writes his entry) before the decider takes him out of his
+    # channels' sets; mai is not.
+    await store.elect(ACME, "tuan", "tuan-2", channels=[HALL])
+    await store.channels_gone([("tuan", [HALL])], decided_tuan)
+    await store.channels_gone([("mai", [HALL])], decided_mai)
+    assert await store.channel_members(HALL) == ["tuan"]

@@ -218,11 +218,15 @@ class PresenceService:
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
-            if epoch is not None:
-                # The user's entries in their channels' online sets last until the grace check
-                # decides (grace + margin), not only the grace like the key: a snapshot read in
-                # between must still show the user, who, back by then, publishes nothing.
-                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.check_delay)
+            # The user's entries in their channels' online sets last until the grace check
+            # decides (grace + margin), not only the grace like the key: a snapshot read in
+            # between must still show the user, who, back by then, publishes nothing. Also when
+            # the release went unanswered (a timeout): its check, without an epoch, is answered
+            # "ask again" and decides a refresh interval and a margin later.
+            pinned = self.timings.check_delay
+            if epoch is None:
+                pinned += self.timings.refresh + self.timings.margin
+            await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, pinned)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""

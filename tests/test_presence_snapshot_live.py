@@ -10,11 +10,13 @@ The cast (tests/conftest.py): in acme, linh and tuan share "fleet" and "general"
 """
 
 import pytest
+import redis
 
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions
+from presence.scripts import channel_online_key
 from presence.store import presence_key
-from tests.support import add_channel, barrier, close_all, connect, http, logged, timings, until
+from tests.support import TTL, add_channel, barrier, close_all, connect, http, logged, timings, until
 
 pytestmark = pytest.mark.live
 
@@ -138,5 +140,42 @@ async def test_a_member_added_while_presence_redis_was_down_learns_who_the_chann
 
         assert hermit.changes("tuan") == [{"user": "tuan", "state": "online"}]
         await close_all(hermit, tuan)
+    finally:
+        presence_redis.close()
+
+
+async def test_a_watcher_connecting_after_a_close_whose_release_timed_out_sees_a_user_who_returns(live_instances, acme):
+    # The close's release times out: the presence Redis pauses writes for 0.75 s, longer than the
+    # store's 0.5 s timeout; the pin of tuan's channel entries, sent as the release fails, waits
+    # out the rest of the pause and lands. The
+    # grace check, which the timeout left without an epoch, decides a refresh interval later than
+    # usual; a grace far longer than the steps below holds the window open.
+    presence_redis = EmbeddedRedis().start()
+    try:
+        [gateway] = live_instances(1, **timings(grace=8000, RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+        client = redis.Redis.from_url(presence_redis.url, decode_responses=True)
+        fleet_set = channel_online_key(str(acme.channels["fleet"].id))
+        tuan = await connect(gateway, acme, "tuan")
+        client.client_pause(750, all=False)
+        await tuan.close()
+        await logged(gateway, "presence.failed", op="release")
+        await until(lambda: not client.exists(presence_key(str(acme.environment.id), "tuan")))
+
+        def settled() -> bool:
+            # Either the entry went with the key, or it was pinned past what a refresh writes.
+            score, now = client.zscore(fleet_set, "tuan"), client.time()
+            return score is None or score - (now[0] * 1000 + now[1] // 1000) > TTL
+
+        await until(settled)
+        linh = await connect(gateway, acme, "linh")
+        back = await connect(gateway, acme, "tuan")
+        await logged(gateway, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
+        probe = await barrier(gateway, acme, [linh])
+
+        assert "tuan" in linh.of_type("presence.snapshot")[0]["online"]
+        assert "tuan" in view(linh)
+        assert linh.changes("tuan") == []
+        await close_all(linh, back, probe)
+        client.close()
     finally:
         presence_redis.close()

@@ -61,6 +61,32 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[rank]
 
 
+# How long a connection may wait for its `connection.ack`.
+ACK_SECONDS = 60
+
+
+def where(url: str) -> str:
+    """A server's URL without its query string (which holds the token)."""
+    return url.split("?", 1)[0]
+
+
+async def connect(url: str, **options: Any) -> Any:
+    """A connection to `url`; a failure says which server refused it and how."""
+    try:
+        return await websockets.connect(url, open_timeout=ACK_SECONDS, ping_interval=None, proxy=None, **options)
+    except Exception as error:
+        raise RuntimeError(f"{where(url)}: the connect failed: {type(error).__name__}: {error}") from error
+
+
+async def until_acked(acked: asyncio.Event, ws: Any, url: str) -> None:
+    """Wait for the ack; a timeout says which server kept it, and whether the socket was closed."""
+    try:
+        await asyncio.wait_for(acked.wait(), ACK_SECONDS)
+    except TimeoutError:
+        state = "still open" if ws.close_code is None else f"closed {ws.close_code} {ws.close_reason!r}"
+        raise RuntimeError(f"{where(url)}: no connection.ack within {ACK_SECONDS} s ({state})") from None
+
+
 async def _wait_line() -> str:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, sys.stdin.readline)
@@ -97,9 +123,9 @@ class Watcher:
         # and left to its default `websockets` looks for a proxy on each connect by walking the
         # whole environment (urllib's getproxies_environment), ≈ 6 % of the load generator's CPU
         # in a churn step, on the two cores the servers share with it.
-        self.ws = await websockets.connect(self.url, open_timeout=60, ping_interval=None, max_queue=None, proxy=None)
+        self.ws = await connect(self.url, max_queue=None)
         self.task = asyncio.create_task(self._read())
-        await asyncio.wait_for(self.acked.wait(), 60)
+        await until_acked(self.acked, self.ws, self.url)
         if self.heartbeat:
             self.beating = asyncio.create_task(self._beat())
 
@@ -193,9 +219,9 @@ async def idle(job: dict) -> None:
 async def _subject_cycle(url: str, hold: float, opened: dict, key: str) -> None:
     """Connect a subject, note when the connect started, wait for the ack, hold, close."""
     opened[key] = time.perf_counter()
-    ws = await websockets.connect(url, open_timeout=60, ping_interval=None, proxy=None)
+    ws = await connect(url)
     try:
-        await asyncio.wait_for(ws.recv(), 60)
+        await asyncio.wait_for(ws.recv(), ACK_SECONDS)
         await asyncio.sleep(hold)
     finally:
         await ws.close()
@@ -380,9 +406,9 @@ class Member:
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self.ws = await websockets.connect(self.url, open_timeout=60, ping_interval=None, max_queue=None, proxy=None)
+        self.ws = await connect(self.url, max_queue=None)
         self.task = asyncio.create_task(self._read())
-        await asyncio.wait_for(self.acked.wait(), 60)
+        await until_acked(self.acked, self.ws, self.url)
 
     async def _read(self) -> None:
         try:
@@ -603,7 +629,12 @@ def main() -> None:
     except ImportError:
         pass
     random.seed(job.get("seed", 1))
-    asyncio.run(SCENARIOS[job["scenario"]](job))
+    try:
+        asyncio.run(SCENARIOS[job["scenario"]](job))
+    except Exception as error:
+        # The orchestrator reads this instead of a bare "loadgen ended", and names the server.
+        emit("failed", error=f"{type(error).__name__}: {error}")
+        raise
 
 
 if __name__ == "__main__":

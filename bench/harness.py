@@ -215,13 +215,14 @@ class Server:
         self.log_path = workdir / f"{name}.log"
         self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(argv, cwd=BASE_DIR, env=env, stdout=self.log, stderr=self.log)
+        self.stopped = False
         if port:
             Server.by_port[port] = self
 
     def describe(self, lines: int = 5) -> str:
         """Its name, port, whether it still runs, its log's path and last lines."""
         code = self.process.poll()
-        state = "running" if code is None else f"exited with {code}"
+        state = "stopped by the bench" if self.stopped else "running" if code is None else f"exited with {code}"
         tail = self.log_path.read_text(errors="replace").splitlines()[-lines:] if self.log_path.exists() else []
         return "\n".join([f"{self.name} (port {self.port}, {state}), log {self.log_path}:", *tail])
 
@@ -246,7 +247,13 @@ class Server:
                 time.sleep(0.05)
         raise RuntimeError(f"{self.name} did not listen on {self.port}")
 
+    @property
+    def died(self) -> bool:
+        """It ended without the bench stopping it."""
+        return not self.stopped and self.process.poll() is not None
+
     def stop(self) -> None:
+        self.stopped = True
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -352,6 +359,12 @@ class LoadGen:
         result = self.expect("result")
         self.process.wait(timeout=60)
         return result
+
+    def kill(self) -> None:
+        """End it at once (a phase that failed while it ran)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
 
 def run_job(job: dict) -> dict:

@@ -7,6 +7,7 @@ phases, `Phase.targets` in bench/run.py's table for the others).
 """
 
 import json
+import operator
 import os
 import platform
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ DOCS_START, DOCS_END = "<!-- bench results: written by `make bench` -->", "<!-- 
 COMMANDS = {"full": "make bench", "quick": "make bench-quick", "smoke": "python -m bench.run --smoke"}
 
 Targets = Mapping[str, tuple[str, float]]
+COMPARE = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 
 # At the bench timings (harness.CHURN_TIMINGS): TTL + grace + 2 x refresh.
 REAP_BOUND_MS = 3000 + 300 + 2 * 1000
@@ -92,7 +94,7 @@ def verdict(targets: Targets, key: str, value: float) -> str:
     if key not in targets:
         return ""
     op, target = targets[key]
-    met = value >= target if op == ">=" else value <= target
+    met = COMPARE[op](value, target)
     return f"{'met' if met else 'MISSED'} ({op} {target})"
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare
+from bench import compare, fairness
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -773,6 +773,7 @@ PHASES = (
     Phase("reap", lambda bench, sizes: compare.phase_reap(bench.world, bench.workdir, sizes)),
     Phase("bigroom", lambda bench, sizes: compare.phase_bigroom(bench.world, bench.workdir, sizes, bench.redis)),
     Phase("paced", lambda bench, sizes: compare.phase_paced(bench.world, bench.workdir, sizes)),
+    Phase("fairness", fairness.run, sizes=fairness.SIZES, targets=fairness.TARGETS),
 )
 
 
@@ -793,7 +794,7 @@ def run_phase(phase: Phase, bench: Bench) -> str | None:
         servers = list(Server.by_port.values())
         named = [server for server in servers if f":{server.port}/" in why or f"port {server.port})" in why]
         # An error that names none (a server that died mid-phase): the phase's own servers.
-        shown = named or [server for server in servers[started:] if server.process.poll() not in (None, 0, -15)]
+        shown = named or [server for server in servers[started:] if server.died]
         report = "\n\n".join([why, *(server.describe() for server in shown)])
         say(f"phase {phase.name} FAILED: {report}")
         return report

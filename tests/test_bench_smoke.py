@@ -49,6 +49,9 @@ KEYS = {
     "connect_cpu_ms.burst",
     "connect_cpu_ms.paced",
     "ratio.connect_cpu_paced_vs_burst",
+    "fairness.innocent_p90_ratio",
+    "fairness.flooder_rss_growth_mb",
+    "fairness.rate_limited_errors",
 }
 PEER_KEYS = {
     "notify.p50_ms",

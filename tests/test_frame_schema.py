@@ -112,10 +112,10 @@ def test_the_python_client_decodes_every_server_frame_as_the_schema_describes_it
                 assert json_type(hints[name]) == described(field, schema), f"{frame_type}.{name}"
 
 
-async def test_real_frames_from_a_live_instance_match_the_schema(live_instances, acme):
+async def test_real_frames_from_a_live_instance_match_the_schema(live_instances, acme, closing):
     (instance,) = live_instances(1)
-    linh = await connect(instance, acme, "linh")
-    tuan = await connect(instance, acme, "tuan")
+    linh = await closing(connect(instance, acme, "linh"))
+    tuan = await closing(connect(instance, acme, "tuan"))
     channel = str(acme.channels["fleet"].id)
     sent = [
         ("message.send", {"idem_key": "k-1", "channel": channel, "text": "hello"}),

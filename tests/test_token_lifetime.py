@@ -73,18 +73,16 @@ def test_two_tokens_minted_in_one_second_differ(acme):
 
 
 @pytest.mark.live
-async def test_a_live_instance_refuses_over_long_and_future_tokens_with_4401(acme, live_instances):
+async def test_a_live_instance_refuses_over_long_and_future_tokens_with_4401(acme, live_instances, closing):
     (gw,) = live_instances(1, **timings())
-    linh = await connect(gw, acme, "linh")
+    linh = await closing(connect(gw, acme, "linh"))
     assert linh.of_type("connection.ack")[0]["user"] == "linh"
     for token in (
         foreign(acme, "tuan", lifetime=DAY + 1),
         foreign(acme, "tuan", lifetime=600, issued_in=CLOCK_SKEW_SECONDS + 60),
     ):
-        refused = await WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={token}")
+        refused = await closing(WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={token}"))
         assert await refused.closed(WAIT) == 4401
         assert refused.frames == []
-    tuan = await WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={foreign(acme, 'tuan', lifetime=DAY)}")
+    tuan = await closing(WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={foreign(acme, 'tuan', lifetime=DAY)}"))
     assert (await tuan.next_of("connection.ack"))["user"] == "tuan"
-    await tuan.close()
-    await linh.close()

@@ -116,6 +116,37 @@ class MessageSend(StrictModel):
     text: MessageText
 
 
+MAX_SIGNAL_NAME_LENGTH = 32
+MAX_SIGNAL_DATA_BYTES = 256
+
+
+def _small_json(value: dict[str, Any]) -> dict[str, Any]:
+    # Measured as the server relays it: compact JSON, UTF-8.
+    if len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_SIGNAL_DATA_BYTES:
+        raise ValueError(f"must be at most {MAX_SIGNAL_DATA_BYTES} bytes as JSON")
+    return value
+
+
+SignalName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_SIGNAL_NAME_LENGTH, json_schema_extra={"pattern": NO_CONTROL_CHARACTERS}),
+    AfterValidator(_no_control_characters),
+]
+SignalData = Annotated[
+    dict[str, Any],
+    Field(json_schema_extra={"description": f"any JSON object, at most {MAX_SIGNAL_DATA_BYTES} bytes as compact JSON"}),
+    AfterValidator(_small_json),
+]
+
+
+class SignalSend(StrictModel):
+    """`signal` from a client: relayed to the channel's other members, never stored."""
+
+    channel: ChannelId
+    name: SignalName
+    data: SignalData | None = None
+
+
 class Capability(StrictModel):
     """Enrolment attributes of an agent instance; never used for routing."""
 
@@ -179,6 +210,16 @@ class MessageCreated(TypedDict):
 
 
 @with_config(ConfigDict(extra="forbid"))
+class Signal(TypedDict):
+    """`signal` to the other members: who sent it where; `data` is `{}` when the sender gave none."""
+
+    channel: str
+    user: str
+    name: str
+    data: dict[str, Any]
+
+
+@with_config(ConfigDict(extra="forbid"))
 class RegisterAck(TypedDict):
     instance: str
     registered_at: str
@@ -195,6 +236,8 @@ class ErrorPayload(TypedDict):
     message: str
     # The offending frame's type, when it is known.
     type: NotRequired[str]
+    # With `rate_limited`: when a frame of that kind would be accepted again.
+    retry_after_ms: NotRequired[int]
 
 
 # ── query-string parameters ──────────────────────────────────────────────────

@@ -10,6 +10,7 @@ from relay_client.events import (
     PresenceChanged,
     Reconnected,
     RegisterAck,
+    Signal,
 )
 from relay_client.exceptions import (
     AgentRefused,
@@ -49,6 +50,7 @@ __all__ = [
     "RegisterAck",
     "RelayError",
     "SendRefused",
+    "Signal",
     "TokenSource",
     "TooManyConnections",
     "Unauthorized",

@@ -80,6 +80,21 @@ class Error:
     code: str
     message: str
     type: str | None = None
+    # With `rate_limited`: when a frame of that type would be accepted again.
+    retry_after_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """Another member's signal in one of the user's channels (`name`, e.g. "typing", and its `data`).
+
+    Ephemeral: never stored and never resumed; one missed while disconnected is gone.
+    """
+
+    channel: str
+    user: str
+    name: str
+    data: dict[str, Any]
 
 
 # ── client → server ──────────────────────────────────────────────────────────
@@ -95,6 +110,13 @@ class Register:
     instance: str
     # Only the fields given: `cognition`, `family`, `host` (strings) and `weight` (a number).
     capability: dict[str, str | float]
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSend:
+    channel: str
+    name: str
+    data: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +137,7 @@ SERVER_FRAMES: dict[str, type] = {
     "message.created": MessageCreated,
     "register.ack": RegisterAck,
     "deregister.ack": DeregisterAck,
+    "signal": Signal,
     "error": Error,
 }
 CLIENT_FRAMES: dict[str, type] = {
@@ -122,6 +145,7 @@ CLIENT_FRAMES: dict[str, type] = {
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
+    "signal": SignalSend,
 }
 _CLIENT_TYPES = {cls: frame_type for frame_type, cls in CLIENT_FRAMES.items()}
 
@@ -133,9 +157,10 @@ ServerFrame = (
     | MessageCreated
     | RegisterAck
     | DeregisterAck
+    | Signal
     | Error
 )
-ClientFrame = MessageSend | Register | Heartbeat | Deregister
+ClientFrame = MessageSend | Register | Heartbeat | Deregister | SignalSend
 
 
 # ── the client's own events ──────────────────────────────────────────────────
@@ -156,7 +181,7 @@ class Reconnected:
     connection_id: str
 
 
-Event = PresenceChanged | MessageCreated | Error | Disconnected | Reconnected
+Event = PresenceChanged | MessageCreated | Signal | Error | Disconnected | Reconnected
 
 F = TypeVar("F", bound="DataclassInstance")
 
@@ -211,6 +236,8 @@ def _hints(cls: "type[DataclassInstance]") -> dict[str, Any]:
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a decoded JSON value has the type `hint` names (bool is not a number here, as in JSON)."""
     origin = get_origin(hint)
+    if hint is Any:
+        return True
     if hint is str:
         return isinstance(value, str)
     if hint is int:
@@ -223,6 +250,8 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, str) and value in get_args(hint)
     if origin is tuple:
         return isinstance(value, list) and all(_fits(item, get_args(hint)[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(item, get_args(hint)[1]) for item in value.values())
     if origin in (Union, types.UnionType):
         return any(_fits(value, option) for option in get_args(hint))
     raise TypeError(f"no JSON check for {hint}")

@@ -41,8 +41,8 @@ def channel_size(channel_id: str) -> tuple[int, int]:
     """The channel's member count and its environment's `signal_max_members`, in one query."""
     return (
         Channel.objects.filter(id=channel_id)
-        .annotate(members=Count("memberships"))
-        .values_list("members", "environment__signal_max_members")
+        .annotate(member_count=Count("memberships"))
+        .values_list("member_count", "environment__signal_max_members")
         .get()
     )
 

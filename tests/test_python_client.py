@@ -14,9 +14,11 @@ from channels.layers import get_channel_layer
 from relay_client import (
     AgentRefused,
     Client,
+    Error,
     IdentityMismatch,
     PresenceChanged,
     SendRefused,
+    Signal,
     TooManyConnections,
     Unauthorized,
 )
@@ -152,6 +154,38 @@ async def test_a_later_client_starts_from_the_cursor_an_earlier_one_kept(live_in
     later_app = Application(later)
     await later_app.until(lambda app: len(app.seqs(general)) == 2)
     assert later_app.seqs(general) == [4, 5] and later_app.seqs(fleet) == []
+
+
+async def test_signals_reach_the_other_members_client_and_a_refusal_comes_as_an_error_event(
+    live_instances, cast, closing
+):
+    a, b = live_instances(2)
+    general = ids(cast)["general"]
+    linh = await closing(connected(a, cast, "linh"))
+    tuan = await closing(connected(b, cast, "tuan"))
+    hermit = await closing(connected(a, cast, "hermit"))
+    linh_app, tuan_app, hermit_app = Application(linh), Application(tuan), Application(hermit)
+
+    await linh.signal(general, "typing", {"draft": 1})
+    (heard,) = await tuan_app.until(lambda app: [e for e in app.events if isinstance(e, Signal)])
+    assert heard == Signal(channel=general, user="linh", name="typing", data={"draft": 1})
+    await hermit.signal(general, "typing")
+    (refused,) = await hermit_app.until(lambda app: [e for e in app.events if isinstance(e, Error)])
+    assert (refused.code, refused.type) == ("not_a_member", "signal")
+    # Later signals each client does hear: linh never hears her own, and hermit's refused one went nowhere.
+    await linh.signal(general, "stopped")
+    await tuan.signal(general, "typing")
+    await tuan_app.until(lambda app: len([e for e in app.events if isinstance(e, Signal)]) == 2)
+    await linh_app.until(lambda app: [e for e in app.events if isinstance(e, Signal)])
+    assert [(e.user, e.name) for e in tuan_app.events if isinstance(e, Signal)] == [
+        ("linh", "typing"),
+        ("linh", "stopped"),
+    ]
+    assert [e.user for e in linh_app.events if isinstance(e, Signal)] == ["tuan"]
+    with pytest.raises(ValueError):
+        await linh.signal(general, "x" * 33)
+    with pytest.raises(ValueError):
+        await linh.signal(general, "typing", {"text": "x" * 250})
 
 
 # ── dead instances ───────────────────────────────────────────────────────────

@@ -311,7 +311,10 @@ def test_http_presence_lists_the_channels_online_members(acme, globex, api_for, 
     # globex's linh is online; acme's linh is not: same id, another person.
     redis_client.set(presence_key(str(globex.environment.id), "linh"), "1")
     response = api_for(acme).call("GET", f"/v1/channels/{fleet.id}/presence")
-    assert (response.status_code, response.json()) == (200, {"channel": str(fleet.id), "online": ["tuan"]})
+    assert (response.status_code, response.json()) == (
+        200,
+        {"channel": str(fleet.id), "online": ["tuan"], "next_after": None},
+    )
     assert api_for(globex).call("GET", f"/v1/channels/{fleet.id}/presence").status_code == 404
     assert api_for(None).call("GET", f"/v1/channels/{fleet.id}/presence").status_code == 401
 

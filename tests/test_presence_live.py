@@ -596,7 +596,7 @@ async def test_http_presence_answers_from_any_instance(live_instances, acme, glo
     fleet = acme.channels["fleet"]
     for instance in (a, b):
         status, body = http("GET", f"{instance.http_url}/v1/channels/{fleet.id}/presence", api_key=acme.api_key)
-        assert (status, body) == (200, {"channel": str(fleet.id), "online": ["tuan"]})
+        assert (status, body) == (200, {"channel": str(fleet.id), "online": ["tuan"], "next_after": None})
     status, body = http("GET", f"{a.http_url}/v1/channels/{fleet.id}/presence", api_key=globex.api_key)
     assert (status, body["error"]["code"]) == (404, "channel_not_found")
     await close_all(tuan)

@@ -21,7 +21,7 @@ from django.test import Client
 from agents import actions as agents_actions
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions as presence_actions
-from presence.store import presence_key
+from presence.scripts import presence_key
 from relay import tokens
 from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for

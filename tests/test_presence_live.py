@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from devtools.embedded_redis import EmbeddedRedis, free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
-from presence.store import DEADLINES, connections_key, marker_key, presence_key
+from presence.scripts import DEADLINES, connections_key, marker_key, presence_key
 from tests.support import (
     CHECK,
     GRACE,

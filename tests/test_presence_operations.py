@@ -17,7 +17,8 @@ from channels.db import database_sync_to_async
 
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions
-from presence.store import PresenceStore, Timings, connections_key, marker_key, presence_key
+from presence.scripts import connections_key, marker_key, presence_key
+from presence.store import PresenceStore, Timings
 from relay.models import Membership, User
 from tests.support import (
     CHECK,

@@ -786,7 +786,7 @@ def run_phase(phase: Phase, bench: Bench) -> str | None:
     # Each phase starts on an empty Redis: an earlier phase's deadlines would otherwise keep
     # the new instances' reapers busy publishing `offline` for users long gone.
     bench.redis.flushall()
-    started = len(Server.by_port)
+    before = set(Server.by_port.values())
     try:
         bench.results.update(phase.run(bench, phase.sizes_for(bench)))
     except Exception as error:
@@ -794,7 +794,7 @@ def run_phase(phase: Phase, bench: Bench) -> str | None:
         servers = list(Server.by_port.values())
         named = [server for server in servers if f":{server.port}/" in why or f"port {server.port})" in why]
         # An error that names none (a server that died mid-phase): the phase's own servers.
-        shown = named or [server for server in servers[started:] if server.died]
+        shown = named or [server for server in servers if server not in before and server.died]
         report = "\n\n".join([why, *(server.describe() for server in shown)])
         say(f"phase {phase.name} FAILED: {report}")
         return report

@@ -35,7 +35,7 @@ class FairnessSizes:
 SIZES = {
     "full": FairnessSizes(20, 2.0, 10.0),
     "quick": FairnessSizes(20, 1.0, 10.0),
-    "smoke": FairnessSizes(3, 0.3, 2.0),
+    "smoke": FairnessSizes(3, 0.3, 1.0),
 }
 TARGETS = {
     "fairness.innocent_p90_ratio": ("<=", 2),

@@ -1,8 +1,12 @@
 """The bench's phases table: a phase that fails names its server and why, and the next still runs."""
 
+import asyncio
 import sys
 from pathlib import Path
 
+import pytest
+
+from bench import loadgen
 from bench.harness import MODES, Bench, Phase, Server
 from bench.run import PHASES, run_phase
 from devtools.embedded_redis import free_port
@@ -62,3 +66,17 @@ def test_every_phase_has_a_unique_name_and_sizes_for_every_mode():
     assert len(names) == len(set(names)) and "fairness" in names
     for phase in PHASES:
         assert phase.sizes is None or set(phase.sizes) == set(MODES), phase.name
+
+
+async def test_the_load_generator_names_the_server_that_kept_an_ack_without_its_token(monkeypatch):
+    class Silent:
+        """A connection that was opened and never answered (nor closed)."""
+
+        close_code = None
+        close_reason = ""
+
+    monkeypatch.setattr(loadgen, "ACK_SECONDS", 0.01)
+    url = "ws://127.0.0.1:41234/v1/ws?token=secret-token"
+    with pytest.raises(RuntimeError) as kept:
+        await loadgen.until_acked(asyncio.Event(), Silent(), url)
+    assert str(kept.value) == "ws://127.0.0.1:41234/v1/ws: no connection.ack within 0.01 s (still open)"

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare, fairness
+from bench import compare, fairness, rooms
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -55,6 +55,7 @@ from bench.harness import (
     thread_cpu_seconds,
 )
 from bench.report import RESULTS, TARGETS, machine, versions, write_results
+from bench.webhooks import phase_webhooks
 
 P99_LIMIT_MS = 250.0
 # Turns each server takes in a connect CPU round (A B B A ...).
@@ -773,6 +774,21 @@ PHASES = (
     Phase("reap", lambda bench, sizes: compare.phase_reap(bench.world, bench.workdir, sizes)),
     Phase("bigroom", lambda bench, sizes: compare.phase_bigroom(bench.world, bench.workdir, sizes, bench.redis)),
     Phase("paced", lambda bench, sizes: compare.phase_paced(bench.world, bench.workdir, sizes)),
+    Phase(
+        "webhooks",
+        lambda bench, sizes: phase_webhooks(bench.world, bench.workdir, sizes),
+        targets={"webhooks.events_per_s": (">=", 1000), "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2)},
+    ),
+    Phase(
+        "midroom",
+        lambda bench, sizes: rooms.phase_midroom(bench.world, bench.workdir, bench.mode, bench.redis),
+        targets=rooms.TARGETS,
+    ),
+    Phase(
+        "hugeroom",
+        lambda bench, sizes: rooms.phase_hugeroom(bench.world, bench.workdir, bench.mode, bench.redis),
+        targets=rooms.TARGETS,
+    ),
     Phase("fairness", fairness.run, sizes=fairness.SIZES, targets=fairness.TARGETS),
 )
 

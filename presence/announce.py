@@ -21,6 +21,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
+from presence.queries import large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
 from presence.scripts import ANNOUNCE, presence_key
 from presence.store import record_failure
@@ -42,6 +43,9 @@ def member_added(
 ) -> None:
     """`membership.member_added` receiver: announce the user's `online` to those it is news to."""
     channel_id = str(channel.id)
+    if large_channel_ids([channel_id]):
+        # Counted, not named: the instances' next recheck sends the channel's new count.
+        return
     # Those who shared no other channel with the user: the others already hear their transitions.
     watchers = members_newly_seeing(str(channel.environment_id), user, channel_id, membership_id)
     if not watchers:

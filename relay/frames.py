@@ -185,6 +185,14 @@ class ConnectionAck(TypedDict):
 @with_config(ConfigDict(extra="forbid"))
 class PresenceSnapshot(TypedDict):
     online: list[str]
+    # The user's large channels and how many of their members are online (only when there are).
+    occupancy: NotRequired[dict[str, int]]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PresenceOccupancy(TypedDict):
+    channel: str
+    online: int
 
 
 @with_config(ConfigDict(extra="forbid"))

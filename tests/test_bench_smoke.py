@@ -49,6 +49,15 @@ KEYS = {
     "connect_cpu_ms.burst",
     "connect_cpu_ms.paced",
     "ratio.connect_cpu_paced_vs_burst",
+    "webhooks.events_per_s",
+    "webhooks.delivery_p99_ms",
+    "webhooks.presence_p99_ratio_hanging_receiver",
+    "midroom.notify_p99_ms",
+    "midroom.redis_cmds_per_connect",
+    "hugeroom.connect_cpu_vs_small",
+    "hugeroom.redis_cmds_per_connect_vs_small",
+    "hugeroom.occupancy_lag_p99_ms",
+    "hugeroom.snapshot_bytes",
     "fairness.innocent_p90_ratio",
     "fairness.flooder_rss_growth_mb",
     "fairness.rate_limited_errors",
@@ -94,6 +103,7 @@ def test_the_smoke_benchmark_writes_every_key_as_a_number(tmp_path: Path) -> Non
     assert results["idle.connections"] > 0
     assert results["redis.commands_per_connect"] > 0
     assert results["reap.last_offline_after_ms"] > 0 and results["bigroom.snapshot_bytes"] > 0
+    assert results["webhooks.events_per_s"] > 0 and results["webhooks.delivery_p99_ms"] > 0
     report = (tmp_path / "latest.md").read_text()
     assert "## Machine" in report and "## Versions" in report and "## Settings" in report
     # Counted under callgrind, or said why not (valgrind is optional).

@@ -73,6 +73,8 @@ def described(field: dict, schema: dict) -> dict:
         return {"type": "object", "values": merged[0] if len(merged) == 1 else {"anyOf": merged}}
     if field.get("type") == "array":
         return {"type": "array", "items": described(field["items"], schema)}
+    if field.get("type") == "object" and "additionalProperties" in field:
+        return {"type": "object", "values": described(field["additionalProperties"], schema)}
     if "enum" in field:
         return {"type": field["type"], "enum": sorted(field["enum"])}
     return {"type": field["type"]}

@@ -47,6 +47,7 @@ from relay_client.events import (
     MessageCreated,
     MessageSend,
     PresenceChanged,
+    PresenceOccupancy,
     PresenceSnapshot,
     Reconnected,
     Register,
@@ -489,6 +490,8 @@ class Client:
                     self._online.add(user)
                 else:
                     self._online.discard(user)
+                self._emit(frame)
+            case PresenceOccupancy():
                 self._emit(frame)
             case MessageCreated():
                 self._accept(frame)

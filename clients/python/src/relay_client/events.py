@@ -30,6 +30,17 @@ class ConnectionAck:
 @dataclass(frozen=True, slots=True)
 class PresenceSnapshot:
     online: tuple[str, ...]
+    # The user's large channels and how many of their members are online: in those, people are
+    # counted instead of named (docs/contract.md, Large rooms).
+    occupancy: dict[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceOccupancy:
+    """How many members of a large channel are online now (at most once a second, the last always)."""
+
+    channel: str
+    online: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +144,7 @@ SERVER_FRAMES: dict[str, type] = {
     "connection.ack": ConnectionAck,
     "presence.snapshot": PresenceSnapshot,
     "presence.changed": PresenceChanged,
+    "presence.occupancy": PresenceOccupancy,
     "message.ack": MessageAck,
     "message.created": MessageCreated,
     "register.ack": RegisterAck,
@@ -153,6 +165,7 @@ ServerFrame = (
     ConnectionAck
     | PresenceSnapshot
     | PresenceChanged
+    | PresenceOccupancy
     | MessageAck
     | MessageCreated
     | RegisterAck
@@ -181,7 +194,7 @@ class Reconnected:
     connection_id: str
 
 
-Event = PresenceChanged | MessageCreated | Signal | Error | Disconnected | Reconnected
+Event = PresenceChanged | PresenceOccupancy | MessageCreated | Signal | Error | Disconnected | Reconnected
 
 F = TypeVar("F", bound="DataclassInstance")
 
@@ -251,7 +264,8 @@ def _fits(value: Any, hint: Any) -> bool:
     if origin is tuple:
         return isinstance(value, list) and all(_fits(item, get_args(hint)[0]) for item in value)
     if origin is dict:
-        return isinstance(value, dict) and all(_fits(item, get_args(hint)[1]) for item in value.values())
+        key, item = get_args(hint)
+        return isinstance(value, dict) and all(_fits(k, key) and _fits(v, item) for k, v in value.items())
     if origin in (Union, types.UnionType):
         return any(_fits(value, option) for option in get_args(hint))
     raise TypeError(f"no JSON check for {hint}")

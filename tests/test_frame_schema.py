@@ -74,7 +74,9 @@ def described(field: dict, schema: dict) -> dict:
     if field.get("type") == "array":
         return {"type": "array", "items": described(field["items"], schema)}
     if field.get("type") == "object" and "additionalProperties" in field:
-        return {"type": "object", "values": described(field["additionalProperties"], schema)}
+        values = field["additionalProperties"]
+        # `true`: any JSON value (a signal's `data`).
+        return {"type": "object"} if values is True else {"type": "object", "values": described(values, schema)}
     if "enum" in field:
         return {"type": field["type"], "enum": sorted(field["enum"])}
     return {"type": field["type"]}

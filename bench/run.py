@@ -678,6 +678,8 @@ def phase_slow_reader(world: World, workdir: Path, sizes: Sizes) -> dict:
     channel = world.channel("slow-reader", [*healthy, stalled])
     bound = sizes.slow_reader_bound or DEFAULT_MAX_PENDING_BYTES
     env = {"RELAY_MAX_PENDING_BYTES": str(sizes.slow_reader_bound)} if sizes.slow_reader_bound else {}
+    # One sender as fast as the window lets it: the phase measures the fan-out, not the frame rate limit.
+    env["RELAY_RATE_FRAMES_PER_S"] = "1000000"
     frame_bytes = len(SLOW_READER_TEXT.encode()) + 200  # the frame's other fields, about
     messages = -(-sizes.slow_reader_mb * 1024 * 1024 // frame_bytes)
     server = daphne("relay-slow-reader", workdir, **env)

@@ -23,18 +23,17 @@ from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
 from presence.queries import channel_ids_of_member
 from presence.scripts import member, split_member
 from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
-from relay import metrics
+from relay import close_codes, metrics
 from relay.clock import Clock, LoopClock, Periodic, Timer
 from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.loops import PerLoop
 from relay.registry import Connection
 from webhooks import events as webhook_events
 
 logger = logging.getLogger("presence")
 
-CLOSE_TOO_MANY_CONNECTIONS = 4429
 
 ALREADY_ONLINE = "already online"
 STILL_OPEN = "a connection is still open somewhere"
@@ -99,14 +98,14 @@ def _group_sends(user_id: str, state: State, channels: Sequence[str], transition
 def _published(environment_id: str, user_id: str, state: State, channels: int, last_seen_ms: int | None = None) -> None:
     metrics.presence_published(state).inc()
     # `channels` is a count: the list would be a membership graph in a log file.
-    log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
+    log_event(logger, Event.PRESENCE_PUBLISHED, user=user_id, state=state, channels=channels)
     webhook_events.send_presence_signal(environment_id, user_id, state, last_seen_ms)
 
 
 def suppressed(user_id: str, state: State, reason: str) -> None:
     """Log and count a transition this instance decided not to publish."""
     metrics.PRESENCE_SUPPRESSED.labels(state=state, reason=reason).inc()
-    log_event(logger, "presence.suppressed", user=user_id, state=state, reason=reason)
+    log_event(logger, Event.PRESENCE_SUPPRESSED, user=user_id, state=state, reason=reason)
 
 
 # Not in the thread every other database call shares (thread_sensitive): a write stuck there
@@ -136,6 +135,8 @@ class PresenceService:
         # Resolved when the refresh in flight (if any) has been answered by Redis.
         self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
+        # Resolved by the next refresh Redis answers (`next_answer`).
+        self._answered: asyncio.Future | None = None
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
@@ -179,7 +180,7 @@ class PresenceService:
                 # admitted, and left the re-pin and the grace check to it.
                 epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=True)
                 self._arm_grace_check(subject, epoch)
-            raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
+            raise ConnectionRefused(close_codes.TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.close_owed = False
         held.confirmed = True
         held.written = frozenset(channels)
@@ -218,8 +219,10 @@ class PresenceService:
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
             if epoch is not None:
-                # Like the key, the user's entries in their channels' online sets last the grace.
-                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.grace)
+                # The user's entries in their channels' online sets last until the grace check
+                # decides (grace + margin), not only the grace like the key: a snapshot read in
+                # between must still show the user, who, back by then, publishes nothing.
+                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.check_delay)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -299,6 +302,12 @@ class PresenceService:
         if subject not in self.pending and subject not in self.held and not self.closed:
             self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin, last_seen_ms)
 
+    def next_answer(self) -> asyncio.Future:
+        """Resolved when a refresh next gets Redis's answer (what a failed snapshot's repair waits for)."""
+        if self._answered is None or self._answered.done():
+            self._answered = asyncio.get_running_loop().create_future()
+        return self._answered
+
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
         if not self.closed:
@@ -342,6 +351,8 @@ class PresenceService:
             self._refreshing = None
         if reply is None:
             return
+        if self._answered is not None and not self._answered.done():
+            self._answered.set_result(None)
         vanished, unwritten = reply
         for _, held, _, channels in snapshot.values():
             held.written = channels

@@ -84,7 +84,7 @@ def members_newly_seeing(environment_id: str, user: User, channel_id: str, membe
     return sorted(members)
 
 
-async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
+async def announce_new_co_members(conn: Connection, channel_id: str) -> bool:
     """Tell a connection whose user just joined `channel_id` who it made visible and is online.
 
     Without this the client's state would miss them until their next transition, and "snapshot
@@ -92,28 +92,29 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
     connection joined the channel's presence group before this read (the consumer's
     `membership_changed`), so a transition racing it is queued behind these frames, as one
     racing the connect's snapshot is behind the snapshot. Users already visible through another
-    shared channel are left out: the client already knows their state.
+    shared channel are left out: the client already knows their state. Returns False when the
+    presence Redis did not answer (logged by the store): nothing was told, and the caller owes it.
     """
     others = set(conn.channel_ids) - {channel_id}
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
-    # None (the presence Redis down, logged by the store): nothing to tell; the next transitions will.
-    for user_id in await actions.service().store.online(conn.environment_id, candidates) or ():
+    online = await actions.service().store.online(conn.environment_id, candidates)
+    for user_id in online or ():
         await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    return online is not None
 
 
-async def snapshot(conn: Connection) -> list[str]:
-    """Who among the connection's co-members (and the user) is online now, sorted.
+async def snapshot(conn: Connection) -> list[str] | None:
+    """Who among the connection's co-members (and the user) is online now, sorted; None when Redis did not answer.
 
-    The fallback for a connection whose co-members the connect's database hop could not read
-    (normally the election's own round trip reads them: presence/extension.py). The connection
-    joined its presence groups in `admit`, before this read, so a transition racing the snapshot
-    is queued behind it and applied after it: snapshot + changes converge. With the presence
-    Redis down the snapshot is empty (and the failure logged): the socket still opens, and the
-    next transitions fill it in.
+    The connection's first snapshot when the connect's database hop could not read its
+    co-members (normally the election's own round trip reads them: presence/extension.py), and
+    the repair of one Redis could not read. The connection joined its presence groups before
+    this read, so a transition racing it is queued behind it and applied after it: snapshot +
+    changes converge.
     """
     candidates = await co_members(conn.environment_id, conn.user_id, set(conn.channel_ids))
     online = await actions.service().store.online(conn.environment_id, candidates)
-    return sorted(online or [])
+    return None if online is None else sorted(online)
 
 
 # Members whose flags one MGET reads while a page of online members is gathered.

@@ -25,13 +25,23 @@ class FrameError(Exception):
 
 
 class ApiError(Exception):
-    """An HTTP API call is refused with `status` and a JSON error body."""
+    """An HTTP API call is refused with `status`, a JSON error body and any `headers` (Retry-After)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers or {}
+
+
+class LimitReached(Exception):
+    """A membership would pass RELAY_MAX_CHANNELS_PER_USER or RELAY_MAX_MEMBERS_PER_CHANNEL; `setting` names which."""
+
+    def __init__(self, setting: str, limit: int) -> None:
+        super().__init__(f"{setting} ({limit}) reached")
+        self.setting = setting
+        self.limit = limit
 
 
 class OutputBacklogFull(Exception):

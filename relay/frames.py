@@ -151,6 +151,12 @@ class SignalSend(StrictModel):
     data: SignalData | None = None
 
 
+class Resume(StrictModel):
+    """`resume`: the cursor, as the first frame of a connection opened with `resume=frame`."""
+
+    cursor: dict[ChannelId, Annotated[int, Field(ge=0, strict=True)]]
+
+
 class Capability(StrictModel):
     """Enrolment attributes of an agent instance; never used for routing."""
 
@@ -248,7 +254,7 @@ class ErrorPayload(TypedDict):
     message: str
     # The offending frame's type, when it is known.
     type: NotRequired[str]
-    # With `rate_limited`: when a frame of that kind would be accepted again.
+    # `rate_limited`: how long to wait before the connection's next frame is accepted.
     retry_after_ms: NotRequired[int]
 
 

@@ -91,7 +91,7 @@ class Error:
     code: str
     message: str
     type: str | None = None
-    # With `rate_limited`: when a frame of that type would be accepted again.
+    # `rate_limited`: how long to wait before the connection's next frame is accepted.
     retry_after_ms: int | None = None
 
 
@@ -114,6 +114,13 @@ class MessageSend:
     idem_key: str
     channel: str
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The cursor, sent first on a connection opened with `resume=frame` (a cursor too long for a URL)."""
+
+    cursor: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +161,7 @@ SERVER_FRAMES: dict[str, type] = {
 }
 CLIENT_FRAMES: dict[str, type] = {
     "message.send": MessageSend,
+    "resume": Resume,
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
@@ -173,7 +181,7 @@ ServerFrame = (
     | Signal
     | Error
 )
-ClientFrame = MessageSend | Register | Heartbeat | Deregister | SignalSend
+ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister | SignalSend
 
 
 # ── the client's own events ──────────────────────────────────────────────────

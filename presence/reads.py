@@ -117,14 +117,35 @@ async def snapshot(conn: Connection) -> list[str] | None:
     return None if online is None else sorted(online)
 
 
-def online_in_channel(channel: Channel) -> list[str] | None:
-    """The ids of the channel's members online now, sorted; None when Redis does not answer."""
+# Members whose flags one MGET reads while a page of online members is gathered.
+MEMBERS_PER_READ = 1000
+
+
+def online_page(channel: Channel, after: str | None, limit: int) -> tuple[list[str], str | None] | None:
+    """Up to `limit` of the channel's online members after `after`, in id order, and the next page's `after`.
+
+    Members are walked in the database's order of their ids, `MEMBERS_PER_READ` at a time (one
+    MGET each), until the page is full; the next page's `after` is None once no member is left
+    behind the page. None when Redis does not answer.
+    """
     environment_id = str(channel.environment_id)
-    members = list(channel.members.order_by("external_id").values_list("external_id", flat=True))
-    flags = online_flags([(environment_id, user_id) for user_id in members], op="channel_presence")
-    if flags is None:
-        return None
-    return [user_id for user_id, online in zip(members, flags, strict=True) if online]
+    members = channel.members.order_by("external_id").values_list("external_id", flat=True)
+    online: list[str] = []
+    while True:
+        chunk = list((members.filter(external_id__gt=after) if after is not None else members)[:MEMBERS_PER_READ])
+        flags = online_flags([(environment_id, user_id) for user_id in chunk], op="channel_presence")
+        if flags is None:
+            return None
+        for index, (user_id, is_online) in enumerate(zip(chunk, flags, strict=True)):
+            if not is_online:
+                continue
+            online.append(user_id)
+            if len(online) == limit:
+                behind = index + 1 < len(chunk) or members.filter(external_id__gt=user_id).exists()
+                return online, user_id if behind else None
+        if len(chunk) < MEMBERS_PER_READ:
+            return online, None
+        after = chunk[-1]
 
 
 def users_online(users: Sequence[User]) -> list[bool] | None:

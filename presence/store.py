@@ -114,7 +114,7 @@ class Timings:
 
     @property
     def check_delay(self) -> int:
-        """When the grace check runs after a close: never on the grace itself (docs/presence.md)."""
+        """When the grace check runs after a close: grace + margin (docs/presence.md, The races: the margin)."""
         return self.grace + self.margin
 
     @property

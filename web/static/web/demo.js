@@ -10,6 +10,10 @@ import { CLOSE_TOO_MANY, CLOSE_UNAUTHORIZED, RelayClient } from "./client.js";
 /** @typedef {{token: string, user: Member, channels: Channel[]}} Session */
 
 const SESSION_KEY = "relay.demo.session";
+// Typing: signalled at most once per TYPING_EVERY_MS per channel (the server takes 2 a second),
+// and shown for TYPING_SHOWN_MS after the last one heard, or until that person's message arrives.
+const TYPING_EVERY_MS = 1500;
+const TYPING_SHOWN_MS = 3000;
 
 const state = {
   /** @type {Session | null} */
@@ -22,6 +26,10 @@ const state = {
   unread: new Map(),
   /** @type {string | null} channel id on screen */
   selected: null,
+  /** @type {Map<string, Map<string, number>>} channel id -> user id -> timer that hides their "typing" */
+  typing: new Map(),
+  /** @type {Map<string, number>} channel id -> when this page last signalled typing there */
+  typingSent: new Map(),
 };
 
 // ── Signing in (the demo's shortcut: a real app's backend mints the token) ───
@@ -74,6 +82,7 @@ function start(session) {
   });
   client.addEventListener("presence", () => renderMembers());
   client.addEventListener("message", (event) => showMessage(/** @type {CustomEvent} */ (event).detail));
+  client.addEventListener("signal", (event) => heardSignal(/** @type {CustomEvent} */ (event).detail));
   client.addEventListener("relay-error", (event) => {
     const { code, message, type } = /** @type {CustomEvent} */ (event).detail;
     showStatus("connected", `The server refused a ${type || "frame"}: ${code}: ${message}`);
@@ -115,6 +124,37 @@ async function sendMessage(channel, text) {
   } catch (error) {
     if (state.client) showStatus("connected", `The server refused the message: ${/** @type {Error} */ (error).message}`);
   }
+}
+
+/** Tell the channel's other members this user is typing, no more often than the server allows. */
+function signalTyping() {
+  const channel = state.selected;
+  if (!channel || !state.client?.connected) return;
+  const now = Date.now();
+  if (now - (state.typingSent.get(channel) ?? 0) < TYPING_EVERY_MS) return;
+  state.typingSent.set(channel, now);
+  state.client.signal(channel, "typing");
+}
+
+/** @param {import("./client.js").Signal} signal */
+function heardSignal({ channel, user, name }) {
+  if (name !== "typing") return;
+  const typists = state.typing.get(channel) ?? new Map();
+  state.typing.set(channel, typists);
+  clearTimeout(typists.get(user));
+  typists.set(user, window.setTimeout(() => stoppedTyping(channel, user), TYPING_SHOWN_MS));
+  renderTyping();
+}
+
+/**
+ * @param {string} channel
+ * @param {string} user
+ */
+function stoppedTyping(channel, user) {
+  const typists = state.typing.get(channel);
+  clearTimeout(typists?.get(user));
+  typists?.delete(user);
+  renderTyping();
 }
 
 // ── Drawing the page: data goes in through textContent only, never as HTML ───
@@ -159,6 +199,7 @@ function renderChannel() {
   const channel = selectedChannel();
   $("channel-name").textContent = channel ? `#${channel.name}` : "No channels";
   $("messages").replaceChildren(...(state.messages.get(state.selected ?? "") ?? []).map(messageItem));
+  renderTyping();
   renderComposer();
   scrollToEnd();
 }
@@ -218,6 +259,7 @@ function showMessage(message) {
   const shown = state.messages.get(message.channel);
   // A channel joined after sign-in is not on this page: the demo lists the channels of its session.
   if (!shown) return;
+  stoppedTyping(message.channel, message.user);
   shown.push(message);
   if (message.channel === state.selected) {
     $("messages").append(messageItem(message));
@@ -226,6 +268,12 @@ function showMessage(message) {
     state.unread.set(message.channel, (state.unread.get(message.channel) ?? 0) + 1);
     renderChannelList();
   }
+}
+
+function renderTyping() {
+  const names = [...(state.typing.get(state.selected ?? "")?.keys() ?? [])].map(nameOf);
+  $("typing").textContent =
+    names.length === 0 ? "" : names.length === 1 ? `${names[0]} is typing…` : `${names.join(", ")} are typing…`;
 }
 
 function scrollToEnd() {
@@ -244,6 +292,7 @@ $("sign-in")?.addEventListener("submit", (event) => {
   signIn(submitter.value);
 });
 $("sign-out").addEventListener("click", () => signOut());
+$("message-text").addEventListener("input", () => signalTyping());
 $("composer").addEventListener("submit", (event) => {
   event.preventDefault();
   const input = $("message-text");

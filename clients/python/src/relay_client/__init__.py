@@ -11,6 +11,7 @@ from relay_client.events import (
     PresenceOccupancy,
     Reconnected,
     RegisterAck,
+    Signal,
 )
 from relay_client.exceptions import (
     AgentRefused,
@@ -51,6 +52,7 @@ __all__ = [
     "RegisterAck",
     "RelayError",
     "SendRefused",
+    "Signal",
     "TokenSource",
     "TooManyConnections",
     "Unauthorized",

@@ -95,6 +95,19 @@ class Error:
     retry_after_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """Another member's signal in one of the user's channels (`name`, e.g. "typing", and its `data`).
+
+    Ephemeral: never stored and never resumed; one missed while disconnected is gone.
+    """
+
+    channel: str
+    user: str
+    name: str
+    data: dict[str, Any]
+
+
 # ── client → server ──────────────────────────────────────────────────────────
 @dataclass(frozen=True, slots=True)
 class MessageSend:
@@ -118,6 +131,13 @@ class Register:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalSend:
+    channel: str
+    name: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     instance: str
 
@@ -136,6 +156,7 @@ SERVER_FRAMES: dict[str, type] = {
     "message.created": MessageCreated,
     "register.ack": RegisterAck,
     "deregister.ack": DeregisterAck,
+    "signal": Signal,
     "error": Error,
 }
 CLIENT_FRAMES: dict[str, type] = {
@@ -144,6 +165,7 @@ CLIENT_FRAMES: dict[str, type] = {
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
+    "signal": SignalSend,
 }
 _CLIENT_TYPES = {cls: frame_type for frame_type, cls in CLIENT_FRAMES.items()}
 
@@ -156,9 +178,10 @@ ServerFrame = (
     | MessageCreated
     | RegisterAck
     | DeregisterAck
+    | Signal
     | Error
 )
-ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister
+ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister | SignalSend
 
 
 # ── the client's own events ──────────────────────────────────────────────────
@@ -179,7 +202,7 @@ class Reconnected:
     connection_id: str
 
 
-Event = PresenceChanged | PresenceOccupancy | MessageCreated | Error | Disconnected | Reconnected
+Event = PresenceChanged | PresenceOccupancy | MessageCreated | Signal | Error | Disconnected | Reconnected
 
 F = TypeVar("F", bound="DataclassInstance")
 
@@ -234,6 +257,8 @@ def _hints(cls: "type[DataclassInstance]") -> dict[str, Any]:
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a decoded JSON value has the type `hint` names (bool is not a number here, as in JSON)."""
     origin = get_origin(hint)
+    if hint is Any:
+        return True
     if hint is str:
         return isinstance(value, str)
     if hint is int:

@@ -145,8 +145,10 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
     await linh.send_raw("not json")
     assert (await linh.next_of("error"))["code"] == "invalid_frame"
     await linh.close()
-    # The snapshot's read is part of the election's round trip: one failure, logged once.
-    assert [e["op"] for e in events(caplog, "presence.failed")] == ["admit", "release"]
+    # The snapshot's read is part of the election's round trip: one failure, logged once. The
+    # close's pin of the channel entries is tried though the release failed (it may have been a
+    # timeout alone), and fails too.
+    assert [e["op"] for e in events(caplog, "presence.failed")] == ["admit", "release", "channels_seen"]
     assert all(record.exc_info is None for record in caplog.records)
 
 

@@ -72,10 +72,13 @@ def test_a_hop_reads_its_connects_users_channels_and_co_members_with_one_query_e
     # Each connect gets its own user, channels and co-members, never another's of the batch.
     assert (linh.user.external_id, linh.user.environment) == ("linh", acme.environment)
     assert linh.channel_ids == {str(acme.channels["fleet"].id), str(acme.channels["general"].id)}
-    assert linh.loaded[presence] == ["linh", "tuan"]
+    assert linh.loaded[presence] == (["linh", "tuan"], frozenset())
     assert hermit.channel_ids == {str(acme.channels["den"].id)}
-    assert hermit.loaded[presence] == ["hermit", "solo"]
-    assert (globex_linh.user.environment, globex_linh.loaded[presence]) == (globex.environment, ["linh", "zed"])
+    assert hermit.loaded[presence] == (["hermit", "solo"], frozenset())
+    assert (globex_linh.user.environment, globex_linh.loaded[presence]) == (
+        globex.environment,
+        (["linh", "zed"], frozenset()),
+    )
     assert tuan.channel_ids == linh.channel_ids and presence not in tuan.loaded
     assert linh_again.user.pk == linh.user.pk
     assert (linh_again.channel_ids, linh_again.loaded) == (linh.channel_ids, linh.loaded)

@@ -22,7 +22,7 @@ from django.conf import settings
 
 from presence.clock import Clock, LoopClock, Timer
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
-from presence.queries import channel_ids_of_member
+from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen
 from presence.store import REAP_BATCH, PresenceStore, Timings, member, record_failure, split_member
 from relay import metrics
 from relay.exceptions import ConnectionRefused
@@ -70,6 +70,9 @@ class Held:
     # A close found only connections still being admitted here and so did not re-pin: if none
     # of them is let in (4429), the refusal does the last close's re-pin and grace check.
     close_owed: bool = False
+    # Invisible as this instance last knew (a re-election after Redis lost the key announces
+    # `online` only to the user's own connections then).
+    invisible: bool = False
 
     def admitted(self) -> list[str]:
         """The ids of the connections whose election has been answered."""
@@ -80,10 +83,20 @@ class Held:
         return set(next(reversed(self.connections.values()), set()))
 
 
-def _group_sends(user_id: str, state: State, channels: Sequence[str], transition_id: str) -> list[tuple[str, dict]]:
-    """One transition as a message for the group of each of `channels`."""
+def _group_sends(
+    user_id: str, state: State, channels: Sequence[str], transition_id: str, hidden: bool = False
+) -> list[tuple[str, dict]]:
+    """One transition as a message for the group of each of `channels`.
+
+    `hidden`: the user is invisible, so only their own connections hear it (docs/contract.md,
+    Rich presence): others were told `offline` when they turned invisible.
+    """
+    audience = [user_id] if hidden else None
     return [
-        (group_name(channel_id), transition_message(user_id, state, transition_id, channel_id, copies=len(channels)))
+        (
+            group_name(channel_id),
+            transition_message(user_id, state, transition_id, channel_id, copies=len(channels), audience=audience),
+        )
         for channel_id in channels
     ]
 
@@ -103,6 +116,11 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
 # Not in the thread every other database call shares (thread_sensitive): a write stuck there
 # (a message.send behind a locked database) would hold up every `offline` of the instance.
 read_channel_ids = database_sync_to_async(channel_ids_of_member, thread_sensitive=False)
+read_invisible = database_sync_to_async(is_invisible, thread_sensitive=False)
+write_last_seen = database_sync_to_async(mark_last_seen, thread_sensitive=False)
+
+# Where a connection keeps whether its user was invisible when it connected (presence/status.py).
+INVISIBLE_KEY = "presence.invisible"
 
 
 class PresenceService:
@@ -139,12 +157,13 @@ class PresenceService:
         # does not take this user for gone from this instance.
         held = self.held.setdefault(subject, Held())
         held.connections[conn.connection_id] = conn.channel_ids
+        held.invisible = bool(conn.state.get(INVISIBLE_KEY))
         self._ensure_ticker()
         channels = sorted(conn.channel_ids)
         transition_id = str(uuid.uuid4())
         # Prepared whether or not this connection wins: Redis publishes them in the election's own
         # round trip when it does (when the layer's groups live on the presence Redis).
-        publish = self._script_publishes("online", conn.user_id, channels, transition_id)
+        publish = self._script_publishes("online", conn.user_id, channels, transition_id, held.invisible)
         # A refresh meanwhile must not take this connection for one already elected: landing
         # first, it would re-create a missing key ("vanished") and this election would then find
         # the user online and publish nothing.
@@ -173,7 +192,7 @@ class PresenceService:
         elif publish is not None:
             _published(conn.user_id, "online", len(channels))
         else:
-            await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id)
+            await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id, held.invisible)
         return election.online
 
     async def disconnect(self, conn: Connection) -> None:
@@ -200,7 +219,7 @@ class PresenceService:
         # instead of racing the check (seed 004, R2b).
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
-            self._arm_grace_check(subject, epoch)
+            self._arm_grace_check(subject, epoch, closed_at=time.time())
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -214,13 +233,15 @@ class PresenceService:
         return True
 
     # ── the grace check ──────────────────────────────────────────────────────
-    def _arm_grace_check(self, subject: Subject, epoch: str | None, delay_ms: int | None = None) -> None:
+    def _arm_grace_check(
+        self, subject: Subject, epoch: str | None, delay_ms: int | None = None, closed_at: float | None = None
+    ) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
         previous = self.pending.pop(subject, None)
         if previous is not None:
             previous.cancel()
-        check = functools.partial(self._grace_check, subject, epoch)
+        check = functools.partial(self._grace_check, subject, epoch, closed_at or time.time())
         delay = self.timings.check_delay if delay_ms is None else delay_ms
         self.pending[subject] = self.clock.call_later(delay / 1000, functools.partial(self._fire, subject, check))
 
@@ -233,24 +254,26 @@ class PresenceService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject, epoch: str | None) -> None:
+    async def _grace_check(self, subject: Subject, epoch: str | None, closed_at: float) -> None:
         environment_id, user_id = subject
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
         # them leave; one they were removed from must not.
         try:
             ordered = sorted(await read_channel_ids(environment_id, user_id))
+            # An invisible user's watchers heard `offline` when they turned invisible.
+            hidden = await read_invisible(environment_id, user_id)
         except Exception as error:
             record_failure("grace_check:channels", error)
-            self._check_again(subject, epoch)
+            self._check_again(subject, epoch, closed_at)
             return
         transition_id = str(uuid.uuid4())
-        publish = self._script_publishes("offline", user_id, ordered, transition_id)
+        publish = self._script_publishes("offline", user_id, ordered, transition_id, hidden)
         reply = await self.store.grace_check(environment_id, user_id, epoch, publish or ())
         if reply is None:
             # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
             # a Redis blip at this moment would otherwise leave the user online for good.
-            self._check_again(subject, epoch)
+            self._check_again(subject, epoch, closed_at)
             return
         outcome, now = reply
         if outcome == 3:
@@ -258,20 +281,29 @@ class PresenceService:
             # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
             # in the new epoch.
             suppressed(user_id, "offline", EPOCH_CHANGED)
-            self._check_again(subject, now)
+            self._check_again(subject, now, closed_at)
         elif outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
-        elif outcome == 1 and publish is not None:
-            _published(user_id, "offline", len(ordered))
         elif outcome == 1:
-            await self.publish(environment_id, user_id, "offline", ordered, transition_id)
+            if publish is not None:
+                _published(user_id, "offline", len(ordered))
+            else:
+                await self.publish(environment_id, user_id, "offline", ordered, transition_id, hidden)
+            await self._last_seen([(environment_id, user_id)], closed_at)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
-    def _check_again(self, subject: Subject, epoch: str | None) -> None:
+    def _check_again(self, subject: Subject, epoch: str | None, closed_at: float | None = None) -> None:
         """Run the grace check again one refresh interval on, unless a newer close armed its own."""
         if subject not in self.pending and subject not in self.held and not self.closed:
-            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin)
+            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin, closed_at)
+
+    async def _last_seen(self, subjects: list[Subject], closed_at: float) -> None:
+        """Keep when these users were last seen (durable: docs/contract.md, Rich presence)."""
+        try:
+            await write_last_seen(subjects, closed_at)
+        except Exception as error:
+            record_failure("last_seen", error)
 
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
@@ -339,7 +371,7 @@ class PresenceService:
             # If an `offline` went out meanwhile (the marker stood) or this user was never
             # announced (Redis was down at connect), watchers must hear `online` to converge.
             if (had_marker or not held.confirmed) and not self.closed:
-                await self.publish(*subject, "online", held.channels())
+                await self.publish(*subject, "online", held.channels(), hidden=held.invisible)
         for _, held, _, _ in snapshot.values():
             held.confirmed = True
 
@@ -350,14 +382,20 @@ class PresenceService:
             reaped = await self.store.reap(prefix)
             if reaped is None:
                 return
+            departed: list[Subject] = []
             for name, won, channels in reaped.decided:
                 environment_id, user_id = split_member(name)
                 if not won:
                     suppressed(user_id, "offline", ANOTHER_PUBLISHED)
-                elif prefix is not None:
+                    continue
+                departed.append((environment_id, user_id))
+                if prefix is not None:
                     _published(user_id, "offline", len(channels))
                 else:
                     self._unpublished.append((environment_id, user_id, channels))
+            if departed:
+                # Their holder died silently: the deadline passed just now, so "last seen" is about now.
+                await self._last_seen(departed, time.time())
             await self._publish_unpublished()
             if reaped.due < REAP_BATCH:
                 return
@@ -378,6 +416,7 @@ class PresenceService:
         state: State,
         channel_ids: Iterable[str],
         transition_id: str | None = None,
+        hidden: bool = False,
     ) -> bool:
         """Send one transition, its id minted once, to the group of each of the user's channels.
 
@@ -386,7 +425,7 @@ class PresenceService:
         if self.closed:
             return False
         channels = sorted(channel_ids)
-        sends = _group_sends(user_id, state, channels, transition_id or str(uuid.uuid4()))
+        sends = _group_sends(user_id, state, channels, transition_id or str(uuid.uuid4()), hidden)
         try:
             # One pipelined round trip for all of the user's channels.
             await channel_layer().group_send_many(sends)
@@ -397,7 +436,7 @@ class PresenceService:
         return True
 
     def _script_publishes(
-        self, state: State, user_id: str, channels: Sequence[str], transition_id: str
+        self, state: State, user_id: str, channels: Sequence[str], transition_id: str, hidden: bool = False
     ) -> list[tuple[str, bytes]] | None:
         """The transition as PUBLISHes for a presence script to send, or None when it cannot.
 
@@ -407,7 +446,9 @@ class PresenceService:
         """
         if self.closed:
             return None  # `publish` then declines too: nothing goes out after a shutdown began
-        return channel_layer().publications(_group_sends(user_id, state, channels, transition_id), self.store.url)
+        return channel_layer().publications(
+            _group_sends(user_id, state, channels, transition_id, hidden), self.store.url
+        )
 
     # ── the fabric ───────────────────────────────────────────────────────────
     def first_sight_of_invalid(self, message: dict) -> bool:

@@ -18,6 +18,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
+from presence.queries import is_invisible
 from presence.reads import members_newly_seeing
 from presence.store import announce
 from relay.layer import channel_layer
@@ -37,6 +38,8 @@ def member_added(
 ) -> None:
     """`membership.member_added` receiver: announce the user's `online` to those it is news to."""
     channel_id = str(channel.id)
+    if is_invisible(str(channel.environment_id), user.external_id):
+        return  # they look offline to the channel's members
     # Those who shared no other channel with the user: the others already hear their transitions.
     watchers = members_newly_seeing(str(channel.environment_id), user, channel_id, membership_id)
     if not watchers:

@@ -21,9 +21,9 @@ import weakref
 from collections.abc import Callable
 
 from presence import actions
-from presence.fabric import GROUP_PREFIX, Dedup, Transition, parse_transition, subject_of
+from presence.fabric import GROUP_PREFIX, Dedup, StatusChange, Transition, parse_fabric, subject_of
 from relay import metrics
-from relay.frames import PresenceChanged
+from relay.frames import PresenceChanged, PresenceStatus
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.registry import Connection
@@ -34,8 +34,11 @@ logger = logging.getLogger("presence")
 STATE_KEY = "presence"
 
 
-async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | None]) -> None:
-    """Deliver one transition (`message`; `parsed()` validates it) to a connection at most once, as `{user, state}`."""
+async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | StatusChange | None]) -> None:
+    """Deliver one transition (`message`; `parsed()` validates it) to a connection at most once, as `{user, state}`.
+
+    A status change goes the same way, as `presence.status`.
+    """
     dedup: Dedup | None = conn.state.get(STATE_KEY)
     if dedup is None:
         return
@@ -47,15 +50,44 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
             metrics.PRESENCE_INVALID_PAYLOADS.inc()
             log_event(logger, "presence.invalid_payload", logging.ERROR, subject=subject_of(message))
         return
+    if isinstance(transition, StatusChange):
+        await _deliver_status(conn, transition, dedup)
+        return
     # A copy queued before a membership removal must not slip through after it.
     if transition.channel not in conn.channel_ids:
         return
     if transition.audience is not None and conn.user_id not in transition.audience:
         return
+    if transition.skip == conn.user_id:
+        return
     if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
     await conn.send_frame("presence.changed", PresenceChanged(user=transition.user, state=transition.state))
+
+
+async def _deliver_status(conn: Connection, change: StatusChange, dedup: Dedup) -> None:
+    own = change.user == conn.user_id
+    if own:
+        # The user's own connections take the copy of the user's group, the one with `invisible`.
+        if change.channel is not None:
+            return
+    elif change.channel is None or change.channel not in conn.channel_ids:
+        return
+    elif not change.single and not dedup.claim(change.change):
+        metrics.PRESENCE_DEDUP_DROPS.inc()
+        return
+    frame = PresenceStatus(
+        user=change.user,
+        status=change.status,
+        text=change.text,
+        emoji=change.emoji,
+        until=change.until or None,
+        idle=change.idle,
+    )
+    if own:
+        frame["invisible"] = change.invisible
+    await conn.send_frame("presence.status", frame)
 
 
 class Fanout:
@@ -94,7 +126,7 @@ class Fanout:
     async def deliver(self, message: dict, members: tuple[str, ...]) -> None:
         """Write one transition to each member, or queue it behind what the member has queued."""
         # Validated once, when a member first needs it.
-        transition = functools.cache(functools.partial(parse_transition, message))
+        transition = functools.cache(functools.partial(parse_fabric, message))
         for channel in members:
             conn = self.watchers.get(channel)
             if conn is None or self.layer.backlog(channel):

@@ -3,9 +3,9 @@
 import functools
 from collections.abc import Sequence
 
-from presence import actions, delivery, reads
+from presence import actions, delivery, handlers, reads
 from presence.delivery import STATE_KEY
-from presence.fabric import TRANSITION, Dedup, group_name, parse_transition
+from presence.fabric import STATUS_CHANGE, TRANSITION, Dedup, group_name, parse_fabric, parse_transition
 from relay import registry
 from relay.frames import PresenceChanged, PresenceSnapshot
 from relay.models import User
@@ -49,7 +49,9 @@ class PresenceExtension(registry.Extension):
         if online is None:
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
-        await conn.send_frame("presence.snapshot", PresenceSnapshot(online=online))
+        online, statuses = await handlers.snapshot_status(conn, online)
+        await conn.send_frame("presence.snapshot", PresenceSnapshot(online=online, status=statuses))
+        await handlers.after_snapshot(conn, statuses)
         # Last: a transition written straight to the socket must come after the snapshot.
         delivery.fanout().live(conn)
 
@@ -68,3 +70,9 @@ async def presence_transition(conn: Connection, message: dict) -> None:
     """A transition queued for this connection (behind what the connection had queued, or before
     it was live): delivered as `Fanout` delivers the others."""
     await delivery.deliver(conn, message, functools.partial(parse_transition, message))
+
+
+@registry.event(STATUS_CHANGE)
+async def presence_status_change(conn: Connection, message: dict) -> None:
+    """A status change queued for this connection: delivered as `Fanout` delivers the others."""
+    await delivery.deliver(conn, message, functools.partial(parse_fabric, message))

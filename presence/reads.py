@@ -10,7 +10,7 @@ from channels.db import database_sync_to_async
 from django.db.models import Exists, OuterRef
 
 from presence import actions
-from presence.queries import co_member_external_ids, co_members_in, members_of_channels
+from presence.queries import co_member_external_ids, co_members_in, invisible_users, members_of_channels
 from presence.store import online_flags
 from relay.frames import PresenceChanged
 from relay.models import Channel, Membership, User
@@ -32,6 +32,7 @@ def co_member_ids_of(requests: Sequence[tuple[str, str, Collection[str]]]) -> li
 
 
 co_members = database_sync_to_async(co_member_ids)
+invisible_among = database_sync_to_async(invisible_users, thread_sensitive=False)
 
 
 def newly_visible_ids(
@@ -90,8 +91,11 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
     others = set(conn.channel_ids) - {channel_id}
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
     # None (the presence Redis down, logged by the store): nothing to tell; the next transitions will.
-    for user_id in await actions.service().store.online(conn.environment_id, candidates) or ():
-        await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    online = await actions.service().store.online(conn.environment_id, candidates) or []
+    hidden = await invisible_among(conn.environment_id, online)
+    for user_id in online:
+        if user_id not in hidden:
+            await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
 
 
 async def snapshot(conn: Connection) -> list[str]:
@@ -116,7 +120,9 @@ def online_in_channel(channel: Channel) -> list[str] | None:
     flags = online_flags([(environment_id, user_id) for user_id in members], op="channel_presence")
     if flags is None:
         return None
-    return [user_id for user_id, online in zip(members, flags, strict=True) if online]
+    online = [user_id for user_id, online in zip(members, flags, strict=True) if online]
+    hidden = invisible_users(environment_id, online)
+    return [user_id for user_id in online if user_id not in hidden]
 
 
 def users_online(users: Sequence[User]) -> list[bool] | None:

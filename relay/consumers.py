@@ -289,7 +289,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             route, frame_type, payload = self._read(text_data)
             await route.handler(self, payload)
         except FrameError as error:
-            await self.send_error(error.code, error.message, error.frame_type or frame_type)
+            await self.send_error(error.code, error.message, error.frame_type or frame_type, error.details)
         except Exception as error:
             # One line, by type only: an exception's text may quote what the client sent. The
             # traceback, which may too, only where DEBUG is on.
@@ -430,9 +430,13 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         with contextlib.suppress(*SOCKET_GONE):
             await self.close(code=CLOSE_SLOW_READER)
 
-    async def send_error(self, code: str, message: str, frame_type: str | None = None) -> None:
-        """Send an `error` frame; the socket stays open."""
+    async def send_error(
+        self, code: str, message: str, frame_type: str | None = None, details: Mapping[str, int] | None = None
+    ) -> None:
+        """Send an `error` frame (with `details` among its fields); the socket stays open."""
         payload = ErrorPayload(code=code, message=message)
         if frame_type is not None:
             payload["type"] = frame_type
+        if details:
+            payload.update(details)
         await self.send_frame("error", payload)

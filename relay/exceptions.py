@@ -17,11 +17,15 @@ class ConnectionRefused(Exception):
 class FrameError(Exception):
     """A client frame is refused; answered with an `error` frame (naming `frame_type` if known) and the socket kept."""
 
-    def __init__(self, code: str, message: str, frame_type: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, frame_type: str | None = None, details: dict[str, int] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.frame_type = frame_type
+        # More fields of the `error` payload (`retry_after_ms` of `rate_limited`).
+        self.details = details or {}
 
 
 class ApiError(Exception):

@@ -99,8 +99,8 @@ end
 local entries = redis.call('HGETALL', KEYS[1])
 local count, idle_count = 0, 0
 for i = 1, #entries, 2 do
-  local _, idle, _, until = parse(entries[i + 1])
-  if not until or tonumber(until) < now then
+  local _, idle, _, ends = parse(entries[i + 1])
+  if not ends or tonumber(ends) < now then
     redis.call('HDEL', KEYS[1], entries[i])
   else
     count = count + 1
@@ -480,7 +480,11 @@ class Devices:
         for conn in list(self.connections.values()):
             by_user.setdefault((conn.environment_id, conn.user_id), []).extend(entry(conn))
         for (environment_id, user_id), pairs in by_user.items():
-            await devices_op(environment_id, user_id, "put", live_ttl(), *pairs)
+            changed = await devices_op(environment_id, user_id, "put", live_ttl(), *pairs)
+            # Whoever's script sees the flip announces it: a closed connection's entry ends
+            # without a script of its own if a refresh of the user's others gets there first.
+            if changed is not None and changed[0]:
+                await announce_idle(environment_id, user_id, changed[1])
 
 
 _devices: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Devices]" = weakref.WeakKeyDictionary()

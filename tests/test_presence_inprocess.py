@@ -37,7 +37,8 @@ async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_
     linh = await Socket.open(acme.token("linh"))
     await linh.next_of("presence.snapshot")
     assert linh.frames[0]["type"] == "connection.ack"
-    assert linh.frames[1] == {"type": "presence.snapshot", "payload": {"online": ["linh", "tuan"]}}
+    assert linh.frames[1]["type"] == "presence.snapshot"
+    assert linh.frames[1]["payload"]["online"] == ["linh", "tuan"]
     # Her own online, which her election published, is hers straight after the snapshot; the
     # copies coming back through Redis (one per shared channel) are dropped.
     assert await linh.wait_changes(1) == [{"user": "linh", "state": "online"}]

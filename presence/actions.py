@@ -219,7 +219,10 @@ class PresenceService:
         # instead of racing the check (seed 004, R2b).
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
-            self._arm_grace_check(subject, epoch, closed_at=time.time())
+            self._arm_grace_check(subject, epoch)
+            # Written at the close rather than at the decision: the last close anywhere is the
+            # last write, and a watcher that asks right after hearing `offline` finds it.
+            self.spawn(self._last_seen([subject], time.time()))
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -233,15 +236,13 @@ class PresenceService:
         return True
 
     # ── the grace check ──────────────────────────────────────────────────────
-    def _arm_grace_check(
-        self, subject: Subject, epoch: str | None, delay_ms: int | None = None, closed_at: float | None = None
-    ) -> None:
+    def _arm_grace_check(self, subject: Subject, epoch: str | None, delay_ms: int | None = None) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
         previous = self.pending.pop(subject, None)
         if previous is not None:
             previous.cancel()
-        check = functools.partial(self._grace_check, subject, epoch, closed_at or time.time())
+        check = functools.partial(self._grace_check, subject, epoch)
         delay = self.timings.check_delay if delay_ms is None else delay_ms
         self.pending[subject] = self.clock.call_later(delay / 1000, functools.partial(self._fire, subject, check))
 
@@ -249,12 +250,15 @@ class PresenceService:
         self.pending.pop(subject, None)
         if self.closed:
             return
-        # Tracked so a shutdown can cancel a check that is already talking to Redis.
-        task = asyncio.ensure_future(work())
+        self.spawn(work())
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        """Run `work` as a task of this service: a shutdown cancels it."""
+        task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject, epoch: str | None, closed_at: float) -> None:
+    async def _grace_check(self, subject: Subject, epoch: str | None) -> None:
         environment_id, user_id = subject
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
@@ -265,7 +269,7 @@ class PresenceService:
             hidden = await read_invisible(environment_id, user_id)
         except Exception as error:
             record_failure("grace_check:channels", error)
-            self._check_again(subject, epoch, closed_at)
+            self._check_again(subject, epoch)
             return
         transition_id = str(uuid.uuid4())
         publish = self._script_publishes("offline", user_id, ordered, transition_id, hidden)
@@ -273,7 +277,7 @@ class PresenceService:
         if reply is None:
             # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
             # a Redis blip at this moment would otherwise leave the user online for good.
-            self._check_again(subject, epoch, closed_at)
+            self._check_again(subject, epoch)
             return
         outcome, now = reply
         if outcome == 3:
@@ -281,22 +285,20 @@ class PresenceService:
             # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
             # in the new epoch.
             suppressed(user_id, "offline", EPOCH_CHANGED)
-            self._check_again(subject, now, closed_at)
+            self._check_again(subject, now)
         elif outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
+        elif outcome == 1 and publish is not None:
+            _published(user_id, "offline", len(ordered))
         elif outcome == 1:
-            if publish is not None:
-                _published(user_id, "offline", len(ordered))
-            else:
-                await self.publish(environment_id, user_id, "offline", ordered, transition_id, hidden)
-            await self._last_seen([(environment_id, user_id)], closed_at)
+            await self.publish(environment_id, user_id, "offline", ordered, transition_id, hidden)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
-    def _check_again(self, subject: Subject, epoch: str | None, closed_at: float | None = None) -> None:
+    def _check_again(self, subject: Subject, epoch: str | None) -> None:
         """Run the grace check again one refresh interval on, unless a newer close armed its own."""
         if subject not in self.pending and subject not in self.held and not self.closed:
-            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin, closed_at)
+            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin)
 
     async def _last_seen(self, subjects: list[Subject], closed_at: float) -> None:
         """Keep when these users were last seen (durable: docs/contract.md, Rich presence)."""

@@ -5,7 +5,6 @@ presence/status.py's. `RichPresence` runs before `PresenceExtension` (presence/e
 the election must know whether the user is invisible before it publishes their `online`.
 """
 
-import asyncio
 import logging
 import time
 
@@ -85,9 +84,7 @@ class RichPresence(registry.Extension):
         # The entry stops counting after the grace: whether that flips idle is decided then.
         service = actions.service()
         delay = (grace + settings.RELAY_PRESENCE_MARGIN_MS) / 1000
-        task = asyncio.ensure_future(_sweep_later(service, conn.environment_id, conn.user_id, delay))
-        service._tasks.add(task)
-        task.add_done_callback(service._tasks.discard)
+        service.spawn(_sweep_later(service, conn.environment_id, conn.user_id, delay))
 
 
 def _now_ms() -> int:

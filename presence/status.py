@@ -276,6 +276,14 @@ async def _write_cache(environment_id: str, statuses: Iterable[tuple[str, Status
     await store.call("status_write", work)
 
 
+def forget_cached(environment_id: str, user_id: str) -> None:
+    """Drop the Redis copy of a status changed outside `set_status` (admin): the next read refills it."""
+    try:
+        sync_client().hdel(status_key(environment_id, user_id), "s", "t", "e", "u", "i")
+    except Exception as error:
+        record_failure("status_forget", error)
+
+
 # ── announcing ───────────────────────────────────────────────────────────────
 def _status_message(user_id: str, status: Status, idle: bool, change: str, channel: str | None, copies: int) -> dict:
     message = {

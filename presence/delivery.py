@@ -58,7 +58,7 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
         return
     if transition.audience is not None and conn.user_id not in transition.audience:
         return
-    if transition.skip == conn.user_id:
+    if transition.skip is not None and transition.skip == conn.user_id:
         return
     if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()

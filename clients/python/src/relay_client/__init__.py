@@ -8,6 +8,7 @@ from relay_client.events import (
     MessageAck,
     MessageCreated,
     PresenceChanged,
+    PresenceStatus,
     Reconnected,
     RegisterAck,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "MessageAck",
     "MessageCreated",
     "PresenceChanged",
+    "PresenceStatus",
     "ProtocolError",
     "Reconnected",
     "Refused",

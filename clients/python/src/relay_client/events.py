@@ -30,6 +30,28 @@ class ConnectionAck:
 @dataclass(frozen=True, slots=True)
 class PresenceSnapshot:
     online: tuple[str, ...]
+    # user -> {"status", "text", "emoji", "until", "idle"} for every user in `online`.
+    status: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceStatus:
+    """`user`'s status changed (docs/contract.md, Rich presence). `invisible` only about oneself."""
+
+    user: str
+    status: Literal["available", "away", "busy", "dnd"]
+    text: str
+    emoji: str
+    until: str | None
+    idle: bool
+    invisible: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceResult:
+    """The answer to `query()`: user -> {"state", "last_seen_at", "status", ...}, co-members only."""
+
+    users: dict[str, dict]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +102,8 @@ class Error:
     code: str
     message: str
     type: str | None = None
+    # With `rate_limited`: when the server takes the next such frame.
+    retry_after_ms: int | None = None
 
 
 # ── client → server ──────────────────────────────────────────────────────────
@@ -107,10 +131,34 @@ class Deregister:
     instance: str
 
 
+@dataclass(frozen=True, slots=True)
+class PresenceSet:
+    """Only the fields given travel: a field left at its default is not sent. `until=None` is sent
+    (it clears the expiry), so `until`'s "not given" is "" (which is never a valid time)."""
+
+    status: Literal["available", "away", "busy", "dnd"] | None = None
+    text: str | None = None
+    emoji: str | None = None
+    until: str | None = ""
+    invisible: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceActivity:
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceQuery:
+    users: tuple[str, ...]
+
+
 SERVER_FRAMES: dict[str, type] = {
     "connection.ack": ConnectionAck,
     "presence.snapshot": PresenceSnapshot,
     "presence.changed": PresenceChanged,
+    "presence.status": PresenceStatus,
+    "presence.result": PresenceResult,
     "message.ack": MessageAck,
     "message.created": MessageCreated,
     "register.ack": RegisterAck,
@@ -122,6 +170,9 @@ CLIENT_FRAMES: dict[str, type] = {
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
+    "presence.set": PresenceSet,
+    "presence.activity": PresenceActivity,
+    "presence.query": PresenceQuery,
 }
 _CLIENT_TYPES = {cls: frame_type for frame_type, cls in CLIENT_FRAMES.items()}
 
@@ -129,13 +180,15 @@ ServerFrame = (
     ConnectionAck
     | PresenceSnapshot
     | PresenceChanged
+    | PresenceStatus
+    | PresenceResult
     | MessageAck
     | MessageCreated
     | RegisterAck
     | DeregisterAck
     | Error
 )
-ClientFrame = MessageSend | Register | Heartbeat | Deregister
+ClientFrame = MessageSend | Register | Heartbeat | Deregister | PresenceSet | PresenceActivity | PresenceQuery
 
 
 # ── the client's own events ──────────────────────────────────────────────────
@@ -156,7 +209,7 @@ class Reconnected:
     connection_id: str
 
 
-Event = PresenceChanged | MessageCreated | Error | Disconnected | Reconnected
+Event = PresenceChanged | PresenceStatus | MessageCreated | Error | Disconnected | Reconnected
 
 F = TypeVar("F", bound="DataclassInstance")
 
@@ -200,7 +253,14 @@ def from_payload(cls: type[F], payload: Any, frame_type: str) -> F:
 
 def frame_text(frame: ClientFrame) -> str:
     """The JSON text of a client frame."""
-    return json.dumps({"type": _CLIENT_TYPES[type(frame)], "payload": dataclasses.asdict(frame)})
+    payload = dataclasses.asdict(frame)
+    if isinstance(frame, PresenceSet):
+        payload = {
+            field.name: payload[field.name]
+            for field in dataclasses.fields(frame)
+            if payload[field.name] != field.default
+        }
+    return json.dumps({"type": _CLIENT_TYPES[type(frame)], "payload": payload})
 
 
 @cache
@@ -213,6 +273,10 @@ def _fits(value: Any, hint: Any) -> bool:
     origin = get_origin(hint)
     if hint is str:
         return isinstance(value, str)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:

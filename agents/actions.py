@@ -1,4 +1,4 @@
-"""Writes to the agent registry (seed 000): register, heartbeat, deregister and the sweep.
+"""Writes to the agent registry (docs/contract.md, 5. Agents): register, heartbeat, deregister and the sweep.
 
 Every write is bound to the identity of the caller: a row belongs to the user whose
 connection first registered it, and no other identity can change, refresh or remove it.
@@ -21,7 +21,7 @@ from relay.models import User
 
 logger = logging.getLogger(__name__)
 
-# The registry's one source of "now" (seed 000's Clock): tests replace it to age rows
+# The registry's one source of "now", injectable: tests replace it to age rows
 # past the TTL without sleeping.
 clock: Callable[[], datetime] = timezone.now
 

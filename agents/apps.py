@@ -6,7 +6,7 @@ class AgentsConfig(AppConfig):
     verbose_name = "Agents"
 
     def ready(self) -> None:
-        """Plug the agent families and the sweeper into every connection (seed 000: one owning module)."""
+        """Plug the agent families and the sweeper into every connection: this app owns them alone."""
         from agents import handlers  # noqa: F401  (importing registers register/heartbeat/deregister)
         from agents.sweeper import SweepOnFirstConnection
         from relay import registry

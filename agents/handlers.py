@@ -1,4 +1,4 @@
-"""The `register`, `heartbeat` and `deregister` frame families (seed 000), owned by this app alone.
+"""The `register`, `heartbeat` and `deregister` frame families, owned by this app alone.
 
 Each handler is thin: the payload was already validated strictly against its schema in
 `relay.frames` (a bad one is answered `invalid_payload` before it gets here), so it calls

@@ -1,4 +1,4 @@
-"""The durable agent registry (seed 000): one row per registered worker instance of a tenant."""
+"""The durable agent registry (docs/contract.md, 5. Agents): one row per registered worker instance of a tenant."""
 
 from django.db import models
 

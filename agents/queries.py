@@ -46,7 +46,7 @@ def registrations_of(environment: Environment, **capability: str) -> QuerySet[Re
 
 
 def registration_json(row: Registration) -> Agent:
-    """Return a registration as the API shows it (CONTRACT.md section 2)."""
+    """Return a registration as the API shows it (docs/contract.md, 2. HTTP API)."""
     return Agent(
         instance=row.instance,
         identity=row.identity.external_id,

@@ -1,4 +1,4 @@
-"""Each Relay instance's periodic sweep of stale agent registrations (seed 000's presence TTL).
+"""Each Relay instance's periodic sweep of stale agent registrations (docs/contract.md, 5. Agents).
 
 Daphne has no start-up hook for an app, so the sweep starts lazily on the event loop
 of the first connection an instance opens and then runs for the life of that loop,

@@ -13,7 +13,7 @@ from django.shortcuts import render
 
 from agents.models import Registration
 from agents.queries import alive_since, registrations_of
-from presence.store import online_members
+from presence.reads import online_members
 from relay.admin import visible_environments
 from relay.models import Environment, User
 

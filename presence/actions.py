@@ -4,7 +4,7 @@ One `PresenceService` per event loop holds this instance's view, always keyed by
 (environment id, user id) and never by the user id alone: the connections of each held user,
 ONE pending grace check per user (replaced, never added), and the one task that refreshes and
 reaps every RELAY_PRESENCE_REFRESH_MS while the instance holds anybody. Which instance is
-"first" or "last" anywhere is Redis's question (presence/store.py); this module only knows
+"first" or "last" anywhere is Redis's question (presence/scripts.py); this module only knows
 its own connections.
 """
 
@@ -23,7 +23,8 @@ from django.conf import settings
 from presence.clock import Clock, LoopClock, Timer
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
 from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen
-from presence.store import REAP_BATCH, PresenceStore, Timings, member, record_failure, split_member
+from presence.scripts import member, split_member
+from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
 from relay import metrics
 from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
@@ -40,10 +41,6 @@ ANOTHER_PUBLISHED = "another instance published it"
 NEVER_RETRACTED = "its last online was never retracted (the instance that held it died)"
 VANISHED = "key vanished under a live connection; re-electing"
 EPOCH_CHANGED = "redis lost its data since the close; asking again after a refresh"
-
-# The copies of one group message reach every local member within milliseconds.
-INVALID_COPY_WINDOW_SECONDS = 1.0
-INVALID_SEEN_MAX = 256
 
 Subject = tuple[str, str]
 
@@ -140,7 +137,6 @@ class PresenceService:
         # Resolved when the refresh in flight (if any) has been answered by Redis.
         self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._invalid_seen: dict[int, float] = {}
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(self, conn: Connection, watch: Sequence[str]) -> list[str] | None:
@@ -216,7 +212,7 @@ class PresenceService:
             # would wait for the reaper. The release goes once Redis has answered it.
             await refreshing
         # AWAITED before the timer is armed: the re-pin's round trip then sits inside the wait
-        # instead of racing the check (seed 004, R2b).
+        # instead of racing the check (docs/presence.md, The races: the margin).
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
@@ -336,12 +332,6 @@ class PresenceService:
             else:
                 self._reaper = None
 
-    async def tick(self) -> None:
-        """Refresh every held user in one round trip, then reap dead instances' users (as both tasks do)."""
-        if self.held:
-            await self._refresh()
-        await self._reap()
-
     async def _refresh(self) -> None:
         snapshot = {}
         for subject, held in self.held.items():
@@ -451,22 +441,6 @@ class PresenceService:
         return channel_layer().publications(
             _group_sends(user_id, state, channels, transition_id, hidden), self.store.url
         )
-
-    # ── the fabric ───────────────────────────────────────────────────────────
-    def first_sight_of_invalid(self, message: dict) -> bool:
-        """True for the first local copy of a malformed fabric message, False for the others.
-
-        Every local member of a group receives its own copy of a message, so without this one
-        bad publish to a busy channel would log once per connection instead of once.
-        """
-        now = time.monotonic()
-        fingerprint = hash(repr(message))
-        if self._invalid_seen.get(fingerprint, 0) > now:
-            return False
-        if len(self._invalid_seen) >= INVALID_SEEN_MAX:
-            self._invalid_seen = {key: until for key, until in self._invalid_seen.items() if until > now}
-        self._invalid_seen[fingerprint] = now + INVALID_COPY_WINDOW_SECONDS
-        return True
 
     # ── shutdown ─────────────────────────────────────────────────────────────
     def stop(self) -> None:

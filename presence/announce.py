@@ -12,15 +12,20 @@ and goes to this channel too, because the `offline` is sent to the channels of t
 """
 
 import logging
+import time
 import uuid
+from collections.abc import Sequence
 
+import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
 from presence.queries import is_invisible
-from presence.reads import members_newly_seeing
-from presence.store import announce
+from presence.reads import members_newly_seeing, sync_client
+from presence.scripts import ANNOUNCE, presence_key
+from presence.store import record_failure
+from relay import metrics
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.models import Channel, User
@@ -54,3 +59,19 @@ def member_added(
     if announce(str(channel.environment_id), user.external_id, publish):
         # A count: the ids would be a membership graph in a log file.
         log_event(logger, "presence.announced", user=user.external_id, watchers=len(watchers))
+
+
+def announce(environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]]) -> bool | None:
+    """PUBLISH each (channel, payload) of `publish` if, and only if, the user is online now.
+
+    Returns whether they were; None when Redis did not answer (logged as `presence.failed`).
+    """
+    started = time.perf_counter()
+    try:
+        script = sync_client().register_script(ANNOUNCE)
+        return bool(script(keys=[presence_key(environment_id, user_id)], args=[p for pair in publish for p in pair]))
+    except (redis.RedisError, OSError) as error:
+        record_failure("announce", error)
+        return None
+    finally:
+        metrics.redis_op_seconds("announce").observe(time.perf_counter() - started)

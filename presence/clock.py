@@ -1,6 +1,6 @@
 """Presence's time on this instance: when a grace check fires and when the refresh runs.
 
-`actions.clock` is the one source of it (seed 000's Clock, as `agents.actions.clock` is for the
+`actions.clock` is the one source of it (as `agents.actions.clock` is for the
 registry): tests replace it with one they advance by hand instead of sleeping. Redis keeps its
 own time for keys and deadlines (its TIME inside the scripts), which every instance shares.
 """

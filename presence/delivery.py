@@ -17,10 +17,10 @@ client only grows its own socket buffer.
 import asyncio
 import functools
 import logging
+import time
 import weakref
 from collections.abc import Callable
 
-from presence import actions
 from presence.fabric import GROUP_PREFIX, Dedup, StatusChange, Transition, parse_fabric, subject_of
 from relay import metrics
 from relay.frames import PresenceChanged, PresenceStatus
@@ -29,6 +29,10 @@ from relay.logging import log_event
 from relay.registry import Connection
 
 logger = logging.getLogger("presence")
+
+# The copies of one group message reach every local member within milliseconds.
+INVALID_COPY_WINDOW_SECONDS = 1.0
+INVALID_SEEN_MAX = 256
 
 # Where a connection keeps its `Dedup`, set when it is admitted.
 STATE_KEY = "presence"
@@ -46,7 +50,7 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
     if transition is None:
         # Validated on receipt although the fabric is inside the trust boundary: a malformed
         # payload must never reach a client.
-        if actions.service().first_sight_of_invalid(message):
+        if fanout().first_sight_of_invalid(message):
             metrics.PRESENCE_INVALID_PAYLOADS.inc()
             log_event(logger, "presence.invalid_payload", logging.ERROR, subject=subject_of(message))
         return
@@ -100,6 +104,7 @@ class Fanout:
         self.pending: asyncio.Queue[tuple[dict, tuple[str, ...]]] = asyncio.Queue()
         self.claimed = False
         self._task: asyncio.Task | None = None
+        self._invalid_seen: dict[int, float] = {}
 
     def live(self, conn: Connection) -> None:
         """`conn` has its snapshot: transitions may be written to it directly from now on."""
@@ -117,6 +122,21 @@ class Fanout:
         self.pending.put_nowait((message, members))
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._deliver_forever())
+
+    def first_sight_of_invalid(self, message: dict) -> bool:
+        """True for the first local copy of a malformed fabric message, False for the others.
+
+        Every local member of a group receives its own copy of a message, so without this one
+        bad publish to a busy channel would log once per connection instead of once.
+        """
+        now = time.monotonic()
+        fingerprint = hash(repr(message))
+        if self._invalid_seen.get(fingerprint, 0) > now:
+            return False
+        if len(self._invalid_seen) >= INVALID_SEEN_MAX:
+            self._invalid_seen = {key: until for key, until in self._invalid_seen.items() if until > now}
+        self._invalid_seen[fingerprint] = now + INVALID_COPY_WINDOW_SECONDS
+        return True
 
     async def _deliver_forever(self) -> None:
         while True:

@@ -2,7 +2,7 @@
 
 A transition is sent to the group of every channel of its subject, so a watcher sharing three
 channels with the subject receives three copies of one transition; the transition id, minted
-once, is what lets each connection deliver exactly one frame (seed 004, FR-012). Each copy says
+once, is what lets each connection deliver exactly one frame (docs/contract.md, 4. Presence semantics). Each copy says
 how many there are, so the common single copy is delivered without remembering its id.
 """
 

@@ -4,14 +4,21 @@ All answered from the presence keys (one MGET each) and never from a table: pres
 ephemeral, and the keys are the only place it lives.
 """
 
+import time
 from collections.abc import Collection, Sequence
 
+import redis
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db.models import Exists, OuterRef
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from presence import actions
 from presence.queries import co_member_external_ids, co_members_in, invisible_users, members_of_channels
-from presence.store import online_flags
+from presence.scripts import presence_key
+from presence.store import as_text, client_options, record_failure
+from relay import metrics, redis_clients
 from relay.frames import PresenceChanged
 from relay.models import Channel, Membership, User
 from relay.registry import Connection
@@ -128,3 +135,60 @@ def online_in_channel(channel: Channel) -> list[str] | None:
 def users_online(users: Sequence[User]) -> list[bool] | None:
     """Whether each of `users` is online now, in one round trip; None when Redis does not answer."""
     return online_flags([(str(user.environment_id), user.external_id) for user in users], op="admin")
+
+
+# ── the blocking reads of HTTP views and admin (they run in threads) ────────────
+
+_sync_clients: dict[str, redis.Redis] = {}
+
+
+def sync_client() -> redis.Redis:
+    """The process's blocking presence client (HTTP views and admin run in threads)."""
+    url = settings.RELAY_PRESENCE_REDIS_URL
+    client = _sync_clients.get(url)
+    if client is None:
+        client = redis_clients.sync_client(url, retry=Retry(NoBackoff(), 0), **client_options())
+        _sync_clients[url] = client
+    return client
+
+
+def online_members() -> dict[str, list[str]] | None:
+    """Every online user by environment id, from one pass over the presence keys; None on failure.
+
+    A SCAN rather than an MGET of every user in the table: its cost follows the keyspace
+    (what is online) instead of the user table, and it never blocks Redis like KEYS would.
+    """
+    started = time.perf_counter()
+    found: dict[str, list[str]] = {}
+    try:
+        for raw in sync_client().scan_iter(match="presence:*", count=1000):
+            name = as_text(raw)[len("presence:") :]
+            environment_id, _, user_id = name.partition(":")
+            # Markers, connection sets and the deadline set share the prefix; only
+            # `presence:{env uuid}:{user}` means online.
+            if len(environment_id) == 36 and user_id and environment_id.count("-") == 4:
+                found.setdefault(environment_id, []).append(user_id)
+    except (redis.RedisError, OSError) as error:
+        record_failure("online_members", error)
+        return None
+    finally:
+        metrics.redis_op_seconds("online_members").observe(time.perf_counter() - started)
+    return {environment_id: sorted(users) for environment_id, users in found.items()}
+
+
+def online_flags(subjects: Sequence[tuple[str, str]], op: str = "online_flags") -> list[bool] | None:
+    """Return, for each (environment id, user id), whether they are online now; None on failure.
+
+    One round trip for the whole list (MGET), logged as `presence.failed` when Redis is down.
+    """
+    if not subjects:
+        return []
+    started = time.perf_counter()
+    try:
+        values = sync_client().mget([presence_key(env, user) for env, user in subjects])
+    except (redis.RedisError, OSError) as error:
+        record_failure(op, error)
+        return None
+    finally:
+        metrics.redis_op_seconds(op).observe(time.perf_counter() - started)
+    return [value is not None for value in values]

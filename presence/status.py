@@ -39,7 +39,9 @@ from presence.fabric import GROUP_PREFIX, STATUS_CHANGE, State, group_name, tran
 from presence.keys import user_tag
 from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
-from presence.store import ANNOUNCE, PresenceStore, presence_key, record_failure, sync_client
+from presence.reads import sync_client
+from presence.scripts import ANNOUNCE, presence_key
+from presence.store import PresenceStore, record_failure
 from relay.exceptions import FrameError
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer

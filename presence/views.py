@@ -6,8 +6,7 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
 from presence import status
-from presence.reads import online_in_channel
-from presence.store import online_flags
+from presence.reads import online_flags, online_in_channel
 from relay.api import ErrorBody, Operation, documented, endpoint, error_response, get_channel, get_user, parse_body
 from relay.exceptions import ApiError
 from relay.frames import DeviceKind, PresenceSet, PresenceStatus, StatusName, format_instant

@@ -1,4 +1,4 @@
-"""The HTTP API (CONTRACT.md section 2): parse, call one function, answer.
+"""The HTTP API (docs/contract.md, 2. HTTP API): parse, call one function, answer.
 
 Every management call carries `Authorization: Bearer <api_key>` and acts inside
 that key's environment; an object in another environment answers 404, never 403.

@@ -1,4 +1,4 @@
-"""The wire schema (CONTRACT.md section 3): every frame's payload, both ways, in one place.
+"""The wire schema (docs/contract.md, 3. WebSocket): every frame's payload, both ways, in one place.
 
 Client payloads are strict models. Strict means: unknown fields, missing fields, wrong JSON
 types (no coercion of "1" to 1), `null` where a value is expected, empty or over-long strings

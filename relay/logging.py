@@ -1,4 +1,4 @@
-"""The log format and the event vocabulary (CONTRACT.md section 6).
+"""The log format and the event vocabulary (docs/contract.md, 6. Log vocabulary).
 
 Events are logged as `log_event(logger, "presence.published", user=..., ...)`: the
 record's message is the event name and its fields travel on the record, so tests

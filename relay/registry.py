@@ -3,7 +3,7 @@
 The consumer looks a client frame's `type` up in `frames`, a channel-layer event's
 `type` up in `events`, and calls every `Extension` at the points of a connection's
 life. An app adds a frame family by registering here from its `AppConfig.ready`;
-nothing in the consumer needs editing (seed 000: "one family, one owning module").
+nothing in the consumer needs editing: one family, one owning module.
 `server_frames` names the payload type of every frame the server sends, for the
 published JSON Schema of the frames (relay.schema).
 """

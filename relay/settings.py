@@ -147,7 +147,7 @@ def channel_layers_for(url: str) -> dict:
     """Return the CHANNEL_LAYERS setting for a Redis at `url` (through the sentinels, when set).
 
     One PUBLISH per group send and one subscription per group per process: each instance
-    fans out to its local sockets, the shape of seed 004's fabric (relay/layer.py).
+    fans out to its local sockets, as docs/presence.md, Fan-out describes.
     """
     host = layer_host(url, RELAY_REDIS_SENTINELS, RELAY_REDIS_SENTINEL_MASTER)
     return {
@@ -160,7 +160,7 @@ def channel_layers_for(url: str) -> dict:
 
 CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL)
 
-# ── Presence (seed 004, FR-RTM-05..09) ───────────────────────────────────────
+# ── Presence (docs/contract.md, 4. Presence semantics) ────────────────────────
 # The production defaults, asserted once as constants by tests/test_settings.py.
 DEFAULT_PRESENCE_GRACE_MS = 30_000
 DEFAULT_PRESENCE_TTL_MS = 30_000
@@ -168,16 +168,16 @@ DEFAULT_PRESENCE_REFRESH_MS = 10_000
 DEFAULT_PRESENCE_MARGIN_MS = 1_000
 DEFAULT_MAX_CONNECTIONS_PER_USER = 5
 
-# FR-RTM-06: how long a user may be gone before `offline` is published.
+# How long a user may be gone before `offline` is published.
 RELAY_PRESENCE_GRACE_MS = env_int("RELAY_PRESENCE_GRACE_MS", DEFAULT_PRESENCE_GRACE_MS, minimum=1)
 # The presence key's TTL while connections are open.
 RELAY_PRESENCE_TTL_MS = env_int("RELAY_PRESENCE_TTL_MS", DEFAULT_PRESENCE_TTL_MS, minimum=1)
 # Three refreshes per TTL, so two consecutive misses do not expire a live user.
 RELAY_PRESENCE_REFRESH_MS = env_int("RELAY_PRESENCE_REFRESH_MS", DEFAULT_PRESENCE_REFRESH_MS, minimum=1)
 # The grace check runs at grace + margin: on the grace itself, the re-pinned key's
-# expiry and the timer are one instant reached by two clocks (seed 004, R2b).
+# expiry and the timer are one instant reached by two clocks (docs/presence.md, The races: the margin).
 RELAY_PRESENCE_MARGIN_MS = env_int("RELAY_PRESENCE_MARGIN_MS", DEFAULT_PRESENCE_MARGIN_MS, minimum=1)
-# FR-RTM-09, enforced across all instances.
+# Open connections per user, enforced across all instances.
 RELAY_MAX_CONNECTIONS_PER_USER = env_int("RELAY_MAX_CONNECTIONS_PER_USER", DEFAULT_MAX_CONNECTIONS_PER_USER, minimum=1)
 if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
     raise ImproperlyConfigured(
@@ -204,7 +204,7 @@ RELAY_MAX_TOKEN_TTL_S = env_int("RELAY_MAX_TOKEN_TTL_S", DEFAULT_MAX_TOKEN_TTL_S
 # read it (relay/health.py).
 RELAY_METRICS_TOKEN = env_str("RELAY_METRICS_TOKEN")
 
-# ── Agents (seed 000) ────────────────────────────────────────────────────────
+# ── Agents (docs/contract.md, 5. Agents) ────────────────────────────────────
 DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)
 RELAY_AGENT_SWEEP_MS = env_int("RELAY_AGENT_SWEEP_MS", max(1, RELAY_AGENT_TTL_MS // 3), minimum=1)

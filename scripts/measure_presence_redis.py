@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/measure_presence_redis.py
 
-Runs the real presence scripts (presence.store) against a private embedded redis-server and
-reads Redis's own counters: INFO commandstats (commands run), INFO stats (bytes in and out),
-INFO memory (used_memory) and MEMORY USAGE (per key).
+Runs the real presence scripts (presence/scripts.py, through presence/store.py) against a private
+embedded redis-server and reads Redis's own counters: INFO commandstats (commands run), INFO stats
+(bytes in and out), INFO memory (used_memory) and MEMORY USAGE (per key).
 """
 
 import asyncio
@@ -23,7 +23,8 @@ django.setup()
 import redis  # noqa: E402
 
 from devtools.embedded_redis import EmbeddedRedis  # noqa: E402
-from presence.store import PresenceStore, Timings, channels_key, connections_key, presence_key  # noqa: E402
+from presence.scripts import channels_key, connections_key, presence_key  # noqa: E402
+from presence.store import PresenceStore, Timings  # noqa: E402
 
 USERS = 10_000
 CHANNELS = 10

@@ -1,6 +1,6 @@
 """Shared fixtures: a real Redis, tenants with their personas, API clients, live instances and clocks.
 
-Who is who (seed 004's cast): in tenant "acme", linh and tuan share the channels
+Who is who: in tenant "acme", linh and tuan share the channels
 "fleet" (private) and "general" (public); "hermit" belongs to nothing. Tenant
 "globex" is the other side of every tenant wall and has its own "linh".
 """
@@ -21,7 +21,7 @@ from django.test import Client
 from agents import actions as agents_actions
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions as presence_actions
-from presence.store import presence_key
+from presence.scripts import presence_key
 from relay import tokens
 from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for

@@ -2,7 +2,7 @@
 
 Two kinds of socket are read the same way (FrameRecorder): `Socket` talks to relay.asgi in this
 process, `WsClient` is a real WebSocket client of a live instance. Multi-instance behaviour is
-tested the way seed 004's integration suite does it: several real Daphne processes on one real
+tested with several real Daphne processes on one real
 Redis and one database file, with timings scaled down through the same environment variables an
 operator sets. In one process, presence's time is a ManualClock and the registry's a FrozenClock.
 """

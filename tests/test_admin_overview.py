@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from agents.models import Registration
 from devtools.embedded_redis import free_port
-from presence.store import connections_key, marker_key, presence_key
+from presence.scripts import connections_key, marker_key, presence_key
 
 pytestmark = pytest.mark.django_db
 

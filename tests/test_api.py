@@ -1,4 +1,4 @@
-"""The HTTP API: happy paths, every error path, and the tenant wall (CONTRACT.md section 2)."""
+"""The HTTP API: happy paths, every error path, and the tenant wall (docs/contract.md, 2. HTTP API)."""
 
 import uuid
 

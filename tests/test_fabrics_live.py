@@ -1,4 +1,4 @@
-"""Presence and messages share the sockets but never each other's fabric (CONTRACT.md sections 3-4)."""
+"""Presence and messages share the sockets but never each other's fabric (docs/contract.md, sections 3 and 4)."""
 
 import pytest
 

@@ -14,7 +14,7 @@ from tests.support import WAIT, WsClient, connect, heard, timings
 
 pytestmark = pytest.mark.live
 
-# Each of these raised out of `receive()` (issue 19): an unhashable type, the parser's recursion,
+# Each of these once raised out of `receive()`: an unhashable type, the parser's recursion,
 # an integer literal past Python's 4,300-digit limit, and a lone surrogate the schema layer and
 # the JSON encoder cannot encode, as a key and as a value.
 DEEP = 1_000

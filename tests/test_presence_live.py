@@ -1,4 +1,4 @@
-"""Presence across real Daphne processes on one Redis, with scaled timings (seed 004's integration suite).
+"""Presence across real Daphne processes on one Redis, with scaled timings.
 
 The cast (tests/conftest.py): in acme, linh and tuan share "fleet" (private) and "general"
 (public); hermit belongs to nothing. globex has its own linh and zed in "board". linh is the
@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from devtools.embedded_redis import EmbeddedRedis, free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
-from presence.store import DEADLINES, connections_key, marker_key, presence_key
+from presence.scripts import DEADLINES, connections_key, marker_key, presence_key
 from tests.support import (
     CHECK,
     GRACE,
@@ -48,7 +48,7 @@ from tests.support import (
 pytestmark = pytest.mark.live
 
 
-# ── who hears an arrival (FR-RTM-05, FR-RTM-07) ───────────────────────────────
+# ── who hears an arrival ──────────────────────────────────────────────────────
 async def test_the_contracts_own_command_plain_daphne_serves_presence_across_instances(live_instances, acme):
     # Everything else runs `relay.serve` (Daphne tuned); clients may deploy `daphne` itself.
     a, b = live_instances(2, server="daphne", **timings())
@@ -150,7 +150,7 @@ async def test_the_same_user_id_in_two_tenants_is_two_people(live_instances, acm
     await close_all(tuan, zed, globex_linh, probe)
 
 
-# ── the grace period (FR-RTM-06) ──────────────────────────────────────────────
+# ── the grace period ──────────────────────────────────────────────────────────
 async def test_one_offline_after_the_grace_and_not_before(live_instances, acme):
     a, b = live_instances(2, **timings())
     linh = await connect(a, acme, "linh")
@@ -184,7 +184,7 @@ async def test_a_reconnect_inside_the_grace_publishes_nothing(live_instances, ac
 
 
 async def test_a_reconnect_after_the_ttl_lapsed_but_inside_the_grace_publishes_nothing(live_instances, acme):
-    # TTL well below the grace opens the gap the close's re-pin exists for (seed 004, R2a):
+    # TTL well below the grace opens the gap the close's re-pin exists for (docs/presence.md, The races: the re-pin):
     # without it the key is gone by the reconnect, which wins the election and says `online` again.
     grace, ttl, refresh = 2000, 500, 150
     a, b = live_instances(2, **timings(grace=grace, ttl=ttl, refresh=refresh))
@@ -274,7 +274,7 @@ async def test_a_dozen_users_closing_at_once_get_one_offline_each(live_instances
     await close_all(linh, probe)
 
 
-# ── the connection limit (FR-RTM-09) ──────────────────────────────────────────
+# ── the connection limit ──────────────────────────────────────────────────────
 async def test_the_limit_holds_across_instances_and_a_slot_frees_on_close(live_instances, acme, redis_client):
     a, b = live_instances(2, **timings(RELAY_MAX_CONNECTIONS_PER_USER=3))
     linh = await connect(a, acme, "linh")
@@ -427,7 +427,7 @@ async def test_a_presence_redis_restart_loses_no_live_user(live_instances, acme)
         presence_redis.close()
 
 
-# ── when the presence Redis is gone (FR-023, FR-024) ──────────────────────────
+# ── when the presence Redis is gone ───────────────────────────────────────────
 async def test_with_the_presence_redis_unreachable_sockets_open_and_failures_are_logged(live_instances, acme):
     (broken,) = live_instances(1, **timings(RELAY_PRESENCE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"))
     linh = await connect(broken, acme, "linh")

@@ -1,5 +1,5 @@
 """Presence under real operations: a dead instance's users reaped at scale and in order, Redis
-losing its data, a failed grace check, a refused replacement (issue 21).
+losing its data, a failed grace check, a refused replacement.
 
 Real Daphne processes on a real Redis. A dead instance is played by a PresenceStore in this
 process that admits users (the same ADMIT script an instance runs) and then never refreshes
@@ -17,7 +17,8 @@ from channels.db import database_sync_to_async
 
 from devtools.embedded_redis import EmbeddedRedis
 from presence import actions
-from presence.store import PresenceStore, Timings, connections_key, marker_key, presence_key
+from presence.scripts import connections_key, marker_key, presence_key
+from presence.store import PresenceStore, Timings
 from relay.models import Membership, User
 from tests.support import (
     CHECK,

@@ -10,18 +10,10 @@ import uuid
 import pytest
 
 from presence import fabric
+from presence.announce import announce
 from presence.fabric import Dedup, Transition, parse_transition, subject_of, transition_message
-from presence.store import (
-    DEADLINES,
-    EPOCH,
-    PresenceStore,
-    Timings,
-    connections_key,
-    marker_key,
-    member,
-    presence_key,
-    split_member,
-)
+from presence.scripts import DEADLINES, EPOCH, connections_key, marker_key, member, presence_key, split_member
+from presence.store import PresenceStore, Timings
 from tests.support import events
 
 ACME = str(uuid.uuid4())
@@ -246,8 +238,6 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
 
 
 async def test_an_announcement_is_published_only_while_the_user_is_online(stores, redis_client):
-    from presence.store import announce
-
     one, _ = stores
     listener = redis_client.pubsub()
     listener.subscribe("announcements")

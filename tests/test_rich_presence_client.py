@@ -6,7 +6,7 @@ import pytest
 from channels.db import database_sync_to_async
 from relay_client import Client, FrameRefused, PresenceChanged, PresenceStatus
 
-from tests.support import Instance, http, timings
+from tests.support import Instance, http, timings, until
 
 pytestmark = pytest.mark.live
 
@@ -24,22 +24,16 @@ async def client(instance: Instance, tenant, user_id: str, **options) -> Client:
     return opened
 
 
-async def until_true(predicate, timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
-
-
 async def test_status_idle_and_query_through_the_client(live_instances, acme):
     a, b = live_instances(2, **timings())
     linh = await client(a, acme, "linh")
     tuan = await client(b, acme, "tuan", device="mobile")
-    await until_true(lambda: "tuan" in linh.online)
+    await until(lambda: "tuan" in linh.online)
     own = await tuan.set_status(status="busy", text="in a meeting")
     assert isinstance(own, PresenceStatus) and own.invisible is False and tuan.own_status == own
-    await until_true(lambda: linh.statuses.get("tuan", {}).get("status") == "busy")
+    await until(lambda: linh.statuses.get("tuan", {}).get("status") == "busy")
     await tuan.set_idle(True)
-    await until_true(lambda: linh.statuses["tuan"]["idle"] is True)
+    await until(lambda: linh.statuses["tuan"]["idle"] is True)
     answer = await linh.query(["tuan", "hermit"])
     assert set(answer) == {"tuan"} and answer["tuan"]["state"] == "online" and answer["tuan"]["idle"] is True
     status, body = http("GET", f"{a.http_url}/v1/users/tuan/presence", api_key=acme.api_key)
@@ -53,17 +47,17 @@ async def test_idle_is_said_again_after_a_reconnect(live_instances, acme):
     linh = await client(a, acme, "linh")
     tuan = await client(b, acme, "tuan")
     await tuan.set_idle(True)
-    await until_true(lambda: linh.statuses.get("tuan", {}).get("idle") is True)
+    await until(lambda: linh.statuses.get("tuan", {}).get("idle") is True)
     first = tuan.connection_id
     b.stop()
     b.start()
     # The client reconnects on its own; its new connection starts active and is told idle again.
-    await until_true(lambda: tuan.connected and tuan.connection_id != first)
+    await until(lambda: tuan.connected and tuan.connection_id != first)
 
     def connections() -> list[dict]:
         return http("GET", f"{a.http_url}/v1/users/tuan/presence", api_key=acme.api_key)[1]["connections"]
 
-    await until_true(lambda: [c["idle"] for c in connections()] == [True])
+    await until(lambda: [c["idle"] for c in connections()] == [True])
     assert tuan.idle is True
     await linh.close()
     await tuan.close()
@@ -80,14 +74,14 @@ async def test_invisibility_and_refusals_through_the_client(live_instances, acme
             events.append(event)
 
     reader = asyncio.create_task(collect())
-    await until_true(lambda: "tuan" in linh.online)
+    await until(lambda: "tuan" in linh.online)
     await tuan.set_status(invisible=True)
     assert tuan.invisible is True
-    await until_true(lambda: "tuan" not in linh.online)
+    await until(lambda: "tuan" not in linh.online)
     assert PresenceChanged(user="tuan", state="offline") in events
     http("PATCH", f"{a.http_url}/v1/settings", {"allow_invisible": False}, acme.api_key)
     await tuan.set_status(invisible=False)
-    await until_true(lambda: "tuan" in linh.online)
+    await until(lambda: "tuan" in linh.online)
     with pytest.raises(FrameRefused) as refused:
         await tuan.set_status(invisible=True)
     assert refused.value.error.code == "forbidden"

@@ -1,0 +1,444 @@
+"""The presence key layout and the Lua scripts that change it: what Redis runs, in one place.
+
+Keys, all scoped by environment so the same user id in two tenants is two people:
+
+- `presence:{env}:{user}`          the presence key: exists while the user is online (the election)
+- `presence:offline:{env}:{user}`  the offline marker: elects one publisher of `offline`
+- `presence:conns:{env}:{user}`    sorted set of live connection ids (score = expiry, Redis ms)
+- `presence:deadlines`             sorted set of `{env}:{user}` (score = when a silent holder is
+                                   presumed dead: last refresh + TTL + grace), reaped by every instance
+- `presence:channels:{env}:{user}` hash beside the deadline: `c` the user's channel ids (comma-
+                                   separated) as their holders last wrote them, `e` the epoch then;
+                                   what the reaper's `offline` needs, with no database read
+- `presence:epoch`                 a random id written by the first instance that finds it missing:
+                                   a different or missing epoch means Redis lost its data meanwhile
+
+The scripts derive the per-user key names from the `{env}:{user}` member (the environment is a
+36-character UUID, so the first colon after it is unambiguous). They touch keys not declared in
+KEYS, which a single Redis allows and Redis Cluster would not; presence runs on one Redis. New
+keys are built with presence/keys.py's hash tags instead and declared in KEYS.
+
+Above each script, its "Equivalent Python": what the script does, written as if Redis were a
+dict, for a reader who does not read Lua. The script is what runs; the Python is never executed.
+A script marked "delicate, performance-sensitive" runs on every connect, or holds Redis for a
+whole instance or batch at a time: measure (`make bench`, scripts/measure_presence_redis.py)
+before adding a command to it. The async client that calls them is presence/store.py.
+"""
+
+import uuid
+
+DEADLINES = "presence:deadlines"
+EPOCH = "presence:epoch"
+
+
+def member(environment_id: str, user_id: str) -> str:
+    """The `{env}:{user}` name of one tenant's user, the suffix of all their keys."""
+    return f"{environment_id}:{user_id}"
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """Return (environment id, user id) of a `{env}:{user}` member."""
+    environment_id, _, user_id = name.partition(":")
+    return environment_id, user_id
+
+
+def presence_key(environment_id: str, user_id: str) -> str:
+    """The key whose existence means "online"."""
+    return f"presence:{member(environment_id, user_id)}"
+
+
+def marker_key(environment_id: str, user_id: str) -> str:
+    """The marker whose `SET NX` elects the one publisher of `offline`."""
+    return f"presence:offline:{member(environment_id, user_id)}"
+
+
+def connections_key(environment_id: str, user_id: str) -> str:
+    """The sorted set of the user's live connections on every instance."""
+    return f"presence:conns:{member(environment_id, user_id)}"
+
+
+def channels_key(environment_id: str, user_id: str) -> str:
+    """The hash beside the deadline: the user's channel ids (`c`) and the epoch they were written in (`e`)."""
+    return f"presence:channels:{member(environment_id, user_id)}"
+
+
+def fresh_epoch() -> str:
+    """A new epoch id, written by the script that finds none."""
+    return uuid.uuid4().hex
+
+
+# ── fragments ────────────────────────────────────────────────────────────────
+
+# Redis time in ms: every instance measures deadlines on the one clock they share.
+#
+# Equivalent Python:
+#
+#     now = redis.time_ms()
+_NOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
+# The epoch of the data Redis holds: written (from the caller's fresh id) when missing, so the
+# first script to find Redis emptied starts a new one. `epoch_key` and `fresh` are Lua expressions.
+#
+# Equivalent Python:
+#
+#     epoch = redis.setdefault(epoch_key, fresh)
+_EPOCH = """
+local epoch = redis.call('GET', {epoch_key})
+if not epoch then
+  epoch = {fresh}
+  redis.call('SET', {epoch_key}, epoch)
+end
+"""
+
+
+# ── a connection: admitted, released ────────────────────────────────────────
+
+# This script is delicate and performance-sensitive: it runs on every connect, and its snapshot
+# read costs one EXISTS per id asked.
+#
+# KEYS: conns, key, marker, deadlines, channels, epoch. ARGV: connection id, ttl, grace, max,
+# member, environment id, fresh epoch, the user's channel ids (comma-separated), n, then n
+# (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose presence
+# the connection's snapshot needs. The limit, the election, the winner's `online` and the
+# snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
+# user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
+# user's last `online` was never retracted: nothing to publish).
+#
+# Equivalent Python:
+#
+#     conns = {c: expiry for c, expiry in conns.items() if expiry > now}
+#     if len(conns) >= max:
+#         return [0, 0]                                    # refused: 4429
+#     conns[connection_id] = now + ttl                     # the set itself expires in ttl
+#     if key not in redis:                                 # this connection elects the user
+#         redis[key] = expiring(ttl)
+#         if marker not in redis and member in deadlines:  # an `online` never retracted
+#             won = 2
+#         else:
+#             won = 1
+#             del redis[marker]
+#             for channel, payload in publish:
+#                 redis.publish(channel, payload)
+#     else:
+#         won = 0
+#         redis[key].expire(ttl)                           # undo a close's re-pin to the grace
+#     deadlines[member] = now + ttl + grace
+#     channels_hash.update(c=channel_ids, e=epoch)
+#     return [1, won, *(user for user in watch if f"presence:{env}:{user}" in redis)]
+ADMIT = (
+    _NOW
+    + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
+    + """
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  return {0, 0}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+local won = 0
+if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
+  if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('ZSCORE', KEYS[4], ARGV[5]) then
+    -- The key is gone, yet nobody said the user left and their deadline stands: the instance
+    -- that held them died (or a close's re-pin came too late), and the `online` watchers last
+    -- heard was never retracted. A second one would say nothing new; the deadline is taken
+    -- over below, so the reaper stays quiet too.
+    won = 2
+  else
+    won = 1
+    -- The winner clears "somebody already said they left" so the next departure elects again.
+    redis.call('DEL', KEYS[3])
+    for i = 10, 9 + 2 * tonumber(ARGV[9]), 2 do
+      redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+    end
+  end
+else
+  -- A key a close re-pinned to the grace has a live connection again: back to the TTL,
+  -- which this connection's instance now refreshes.
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
+redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
+local reply = {1, won}
+local prefix = 'presence:' .. ARGV[6] .. ':'
+for i = 10 + 2 * tonumber(ARGV[9]), #ARGV do
+  if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
+    table.insert(reply, ARGV[i])
+  end
+end
+return reply
+"""
+)
+
+
+# This script is delicate: the re-pin is what keeps a reconnect inside the grace from
+# publishing a second `online` (docs/presence.md).
+#
+# KEYS: conns, key, epoch. ARGV: connection id, grace, "1" when it was the user's last local
+# connection, fresh epoch. Frees the slot; on the last local close re-pins the key to the grace:
+# without it the key dies at last refresh + TTL, possibly before the grace ends, and a reconnect
+# in that gap wins the election and publishes a second `online` for a user who never left.
+# Returns the epoch, which the grace check compares with its own.
+#
+# Equivalent Python:
+#
+#     del conns[connection_id]
+#     if last_local:
+#         conns = {c: expiry for c, expiry in conns.items() if expiry > now}
+#         if not conns:
+#             if key in redis:
+#                 redis[key].expire(grace)                 # may shorten: nobody holds it
+#         elif redis[key].pttl() < grace:
+#             redis[key].expire(grace)                     # held elsewhere: only ever lengthen
+#     return epoch
+RELEASE = (
+    _NOW
+    + _EPOCH.format(epoch_key="KEYS[3]", fresh="ARGV[4]")
+    + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[3] ~= '1' then
+  return epoch
+end
+local grace = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  -- XX: a key that already expired stays gone.
+  redis.call('SET', KEYS[2], '1', 'PX', grace, 'XX')
+  return epoch
+end
+-- Another instance still holds a connection and refreshes the key: extend, never shorten,
+-- so a short grace cannot expire the key between two of its refreshes.
+if redis.call('PTTL', KEYS[2]) < grace then
+  redis.call('PEXPIRE', KEYS[2], grace)
+end
+return epoch
+"""
+)
+
+
+# This script is delicate: it and REAP share the marker that elects exactly one `offline`.
+#
+# KEYS: key, marker, deadlines, channels, epoch. ARGV: marker ttl, member, the epoch the close
+# saw, fresh epoch, then (channel, payload) pairs to PUBLISH if this caller wins.
+# Returns {0} = still online, {1} = won the right to publish `offline`, {2} = another instance
+# (or the reaper) already did, {3, epoch} = Redis lost its data since the close (the epoch
+# differs): decide nothing now, since the live holders re-elect the key at their next refresh.
+# The winner takes the user's deadline: a deadline only stands while the last word said of the
+# user is `online` (ADMIT relies on it).
+#
+# Equivalent Python:
+#
+#     if epoch != seen_epoch:
+#         return [3, epoch]
+#     if key in redis:
+#         return [0]
+#     if marker not in redis:
+#         redis[marker] = expiring(marker_ttl)
+#         del deadlines[member], redis[channels]
+#         for channel, payload in publish:
+#             redis.publish(channel, payload)
+#         return [1]
+#     return [2]
+GRACE_CHECK = (
+    _EPOCH.format(epoch_key="KEYS[5]", fresh="ARGV[4]")
+    + """
+if epoch ~= ARGV[3] then
+  return {3, epoch}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0}
+end
+if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
+  redis.call('ZREM', KEYS[3], ARGV[2])
+  redis.call('DEL', KEYS[4])
+  for i = 5, #ARGV, 2 do
+    redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+  end
+  return {1}
+end
+return {2}
+"""
+)
+
+
+# ── a membership added ───────────────────────────────────────────────────────
+
+# KEYS: key. ARGV: (channel, payload) pairs to PUBLISH if the user is online. The check and the
+# publish in one script: an `offline` decided by a grace check (also a script) falls wholly
+# before it, and then nothing is announced, or wholly after it, and then follows it.
+#
+# Equivalent Python:
+#
+#     if key not in redis:
+#         return 0
+#     for channel, payload in publish:
+#         redis.publish(channel, payload)
+#     return 1
+ANNOUNCE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+for i = 1, #ARGV, 2 do
+  redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
+
+# ── every interval: refresh, reap ────────────────────────────────────────────
+
+# This script is delicate and performance-sensitive: one call carries every user the instance
+# holds, so it holds Redis for as long as that list takes.
+#
+# KEYS: deadlines, epoch. ARGV: ttl, grace, fresh epoch, then per held user: member, "=" and the
+# user's channel ids (comma-separated) when they changed since this instance last wrote them or
+# "" when not, n, n connection ids. One round trip per instance per interval. Returns
+# {{member, had_marker, ...}, {member, ...}}: the keys found missing under a live connection
+# (a Redis restart or eviction), which are re-elected, and the users whose channels are missing
+# from Redis (the caller sends them next time).
+#
+# Equivalent Python:
+#
+#     vanished, unwritten = [], []
+#     for member, channels, connection_ids in held:
+#         if f"presence:{member}" in redis:
+#             redis[f"presence:{member}"].expire(ttl)
+#         else:                                            # lost under a live connection
+#             redis[f"presence:{member}"] = expiring(ttl)
+#             had_marker = redis.pop(f"presence:offline:{member}", None) is not None
+#             vanished += [member, had_marker]
+#         for connection_id in connection_ids:
+#             redis[f"presence:conns:{member}"][connection_id] = now + ttl
+#         redis[f"presence:conns:{member}"].expire(ttl)
+#         deadlines[member] = now + ttl + grace
+#         if channels:                                     # "=a,b" when they changed
+#             redis[f"presence:channels:{member}"].update(c=channels[1:], e=epoch)
+#         elif f"presence:channels:{member}" not in redis:
+#             unwritten.append(member)
+#     return [vanished, unwritten]
+REFRESH = (
+    _NOW
+    + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[3]")
+    + """
+local ttl = tonumber(ARGV[1])
+local grace = tonumber(ARGV[2])
+local vanished = {}
+local unwritten = {}
+local i = 4
+while i <= #ARGV do
+  local name = ARGV[i]
+  local count = tonumber(ARGV[i + 2])
+  local key = 'presence:' .. name
+  if not redis.call('SET', key, '1', 'PX', ttl, 'XX') then
+    redis.call('SET', key, '1', 'PX', ttl)
+    -- Unconditionally: a stale "offline was said" must not stand against a connected user.
+    local had_marker = redis.call('DEL', 'presence:offline:' .. name)
+    table.insert(vanished, name)
+    table.insert(vanished, had_marker)
+  end
+  local conns = 'presence:conns:' .. name
+  for j = 1, count do
+    redis.call('ZADD', conns, now + ttl, ARGV[i + 2 + j])
+  end
+  redis.call('PEXPIRE', conns, ttl)
+  redis.call('ZADD', KEYS[1], now + ttl + grace, name)
+  local channels = 'presence:channels:' .. name
+  if ARGV[i + 1] ~= '' then
+    redis.call('HSET', channels, 'c', string.sub(ARGV[i + 1], 2), 'e', epoch)
+  elseif redis.call('EXISTS', channels) == 0 then
+    table.insert(unwritten, name)
+  end
+  i = i + 3 + count
+end
+return {vanished, unwritten}
+"""
+)
+
+
+# This script is delicate and performance-sensitive: it decides `offline` for users nobody
+# holds any more, and one call takes up to a batch of them (presence/store.py's REAP_BATCH).
+#
+# KEYS: deadlines, epoch. ARGV: marker ttl, grace, batch, refresh, fresh epoch, a uuid4 the
+# transition ids are made from, the Redis channel prefix of the presence groups ("" when the
+# groups live on another Redis). Takes due deadlines (their holder stopped refreshing: a dead
+# instance) and elects one publisher of `offline` per user through the same marker as the grace
+# check, so a reaper and a grace check never both publish; with a prefix, the winner's `offline`
+# is PUBLISHed here, to the channels kept beside the deadline, so no `online` of a reconnect can
+# fall between the decision and the publish. A deadline written in another epoch than Redis's
+# waits one refresh interval (the live holders re-elect first). The message is the channel
+# layer's own encoding (msgpack) of `presence.fabric.transition_message`.
+# Returns {due, member, won, channel ids (comma-separated), ...}.
+#
+# Equivalent Python:
+#
+#     decided = []
+#     due = [m for m, deadline in deadlines.items() if deadline <= now][:batch]
+#     for member in due:
+#         info = redis.get(f"presence:channels:{member}", {})
+#         if f"presence:{member}" in redis:                # still held, or pinned by a close
+#             deadlines[member] = now + max(redis[f"presence:{member}"].pttl(), 0) + grace
+#         elif info.get("e") not in (None, epoch):         # written before Redis lost its data
+#             deadlines[member] = now + refresh
+#             info["e"] = epoch
+#         else:
+#             del deadlines[member], redis[f"presence:channels:{member}"]
+#             won = f"presence:offline:{member}" not in redis
+#             if won:
+#                 redis[f"presence:offline:{member}"] = expiring(marker_ttl)
+#                 if prefix:
+#                     for channel in info.get("c", "").split(","):
+#                         redis.publish(prefix + channel, offline_message(member, channel))
+#             decided += [member, won, info.get("c", "")]
+#     return [len(due), *decided]
+REAP = (
+    _NOW
+    + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[5]")
+    + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local prefix = ARGV[7]
+local base = string.sub(ARGV[6], 1, 28)
+local made = 0
+local decided = {#due}
+for _, name in ipairs(due) do
+  local pttl = redis.call('PTTL', 'presence:' .. name)
+  local info = 'presence:channels:' .. name
+  local written = redis.call('HGET', info, 'e')
+  if pttl ~= -2 then
+    -- Still held (or pinned by a close): look again once it could have expired.
+    redis.call('ZADD', KEYS[1], now + math.max(pttl, 0) + tonumber(ARGV[2]), name)
+  elseif written and written ~= epoch then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), name)
+    redis.call('HSET', info, 'e', epoch)
+  else
+    local csv = redis.call('HGET', info, 'c') or ''
+    redis.call('ZREM', KEYS[1], name)
+    redis.call('DEL', info)
+    local won = 0
+    if redis.call('SET', 'presence:offline:' .. name, '1', 'PX', ARGV[1], 'NX') then
+      won = 1
+      if prefix ~= '' then
+        local channels = {}
+        for channel in string.gmatch(csv, '[^,]+') do
+          table.insert(channels, channel)
+        end
+        made = made + 1
+        local transition = base .. string.format('%08x', made)
+        local user = string.sub(name, 38)
+        for _, channel in ipairs(channels) do
+          redis.call('PUBLISH', prefix .. channel, cmsgpack.pack({
+            type = 'presence.transition', user = user, state = 'offline', transition = transition,
+            channel = channel, copies = #channels}))
+        end
+      end
+    end
+    table.insert(decided, name)
+    table.insert(decided, won)
+    table.insert(decided, csv)
+  end
+end
+return decided
+"""
+)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare
+from bench import compare, status
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -775,6 +775,9 @@ TARGETS = {
     "ratio.bigroom_connect_cpu_vs_small": ("<=", 3),
     "reconnect_flicker_frames": ("<=", 0),
     "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
+    "status.notify_p99_ms": ("<=", 100),
+    "status.frames_per_watcher_per_change": ("<=", 1.0),
+    "status.idle_kb_per_connection": ("<=", 40),
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -909,6 +912,7 @@ PHASES = (
     "reap",
     "bigroom",
     "paced",
+    "status",
 )
 
 
@@ -1011,6 +1015,8 @@ def main() -> int:
             results.update(compare.phase_bigroom(world, workdir, sizes, redis_client))
         if fresh("paced"):
             results.update(compare.phase_paced(world, workdir, sizes))
+        if fresh("status"):
+            results.update(status.phase_status(world, workdir, mode))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

@@ -49,6 +49,11 @@ KEYS = {
     "connect_cpu_ms.burst",
     "connect_cpu_ms.paced",
     "ratio.connect_cpu_paced_vs_burst",
+    "status.notify_p50_ms",
+    "status.notify_p99_ms",
+    "status.frames_per_watcher_per_change",
+    "status.rate",
+    "status.idle_kb_per_connection",
 }
 PEER_KEYS = {
     "notify.p50_ms",

@@ -21,7 +21,10 @@ class UserStatus(models.Model):
     status = models.CharField(max_length=16, choices=STATUS_CHOICES, default="available")
     text = models.CharField(max_length=MAX_STATUS_TEXT, blank=True, default="")
     emoji = models.CharField(max_length=MAX_STATUS_EMOJI, blank=True, default="")
-    until = models.DateTimeField(null=True, blank=True, help_text="When the status returns to available.")
+    # Indexed: every instance looks for passed expiries once per refresh interval.
+    until = models.DateTimeField(
+        null=True, blank=True, db_index=True, help_text="When the status returns to available."
+    )
     invisible = models.BooleanField(default=False, help_text="Looks offline to everyone else while connected.")
     last_seen_at = models.DateTimeField(
         null=True, blank=True, help_text="When the last connection closed, or the user turned invisible."

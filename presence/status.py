@@ -377,6 +377,10 @@ async def announce_change(environment_id: str, user_id: str, change: Change, idl
 async def set_status(environment_id: str, user: User, payload: PresenceSet) -> tuple[Status, bool]:
     """Store a set, refresh the cache and announce it; raise Forbidden (nothing changed)."""
     change = await write_status_async(environment_id, user, payload)
+    held = actions.service().held.get((environment_id, user.external_id))
+    if held is not None:
+        # A re-election after Redis lost the key announces `online` to whom the user is visible.
+        held.invisible = change.after.invisible
     await _write_cache(environment_id, [(user.external_id, change.after)])
     idle = (await cached_statuses(environment_id, [user.external_id]))[user.external_id][1]
     await announce_change(environment_id, user.external_id, change, idle)

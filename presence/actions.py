@@ -75,6 +75,11 @@ class Held:
         """The ids of the connections whose election has been answered."""
         return [connection_id for connection_id in self.connections if connection_id not in self.admitting]
 
+    def reaped(self, channels: Iterable[str]) -> list[str]:
+        """The channels kept beside the deadline, where the reaper's `offline` goes: none while
+        invisible (everyone else was told `offline` already, and the user's own connections are gone)."""
+        return [] if self.invisible else sorted(channels)
+
     def channels(self) -> set[str]:
         """The user's channels, as their newest connection knows them."""
         return set(next(reversed(self.connections.values()), set()))
@@ -166,7 +171,7 @@ class PresenceService:
         held.admitting.add(conn.connection_id)
         try:
             election = await self.store.elect(
-                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or (), channels
+                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or (), held.reaped(channels)
             )
         finally:
             held.admitting.discard(conn.connection_id)
@@ -182,7 +187,7 @@ class PresenceService:
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.close_owed = False
         held.confirmed = True
-        held.written = frozenset(channels)
+        held.written = frozenset(held.reaped(channels))
         if not election.won:
             suppressed(conn.user_id, "online", NEVER_RETRACTED if election.unretracted else ALREADY_ONLINE)
         elif publish is not None:
@@ -336,7 +341,7 @@ class PresenceService:
         snapshot = {}
         for subject, held in self.held.items():
             if admitted := held.admitted():
-                channels = frozenset(held.channels())
+                channels = frozenset(held.reaped(held.channels()))
                 snapshot[member(*subject)] = (subject, held, admitted, channels)
         if not snapshot:
             return

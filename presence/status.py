@@ -378,9 +378,11 @@ async def set_status(environment_id: str, user: User, payload: PresenceSet) -> t
     """Store a set, refresh the cache and announce it; raise Forbidden (nothing changed)."""
     change = await write_status_async(environment_id, user, payload)
     held = actions.service().held.get((environment_id, user.external_id))
-    if held is not None:
-        # A re-election after Redis lost the key announces `online` to whom the user is visible.
+    if held is not None and held.invisible != change.after.invisible:
+        # A re-election after Redis lost the key announces `online` to whom the user is visible,
+        # and the reaper's `offline` goes to the channels the refresh writes next.
         held.invisible = change.after.invisible
+        held.written = None
     await _write_cache(environment_id, [(user.external_id, change.after)])
     idle = (await cached_statuses(environment_id, [user.external_id]))[user.external_id][1]
     await announce_change(environment_id, user.external_id, change, idle)

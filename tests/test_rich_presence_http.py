@@ -76,3 +76,26 @@ def test_admin_lists_and_edits_statuses_of_the_staffs_environments(acme, globex,
     assert (row.status, row.text) == ("dnd", "focus")
     # The Redis copy is gone, so the next read takes the table's.
     assert redis_client.hget(key, "s") is None
+
+
+def test_a_users_presence_and_status_are_404_for_another_tenants_or_unknown_user(acme, globex, api_for):
+    api = api_for(acme)
+    found = api.call("GET", "/v1/users/tuan/presence")
+    assert found.status_code == 200
+    assert found.json() == {
+        "user": "tuan",
+        "state": "offline",
+        "status": "available",
+        "text": "",
+        "emoji": "",
+        "until": None,
+        "idle": False,
+        "invisible": False,
+        "last_seen_at": None,
+        "connections": [],
+    }
+    for path in ("/v1/users/zed/presence", "/v1/users/nobody/presence"):
+        assert api.call("GET", path).status_code == 404
+    assert api.call("PUT", "/v1/users/zed/status", {"status": "busy"}).status_code == 404
+    assert not UserStatus.objects.exists()
+    assert api_for(None).call("GET", "/v1/users/tuan/presence").status_code == 401

@@ -24,6 +24,8 @@ const state = {
   selected: null,
   /** @type {Map<string, string | null>} member id -> when last seen (ISO-8601), for offline members */
   lastSeen: new Map(),
+  /** @type {boolean | undefined} the invisibility the toggle last showed */
+  shownInvisible: undefined,
 };
 
 // The page reports idle after this long without input (`?idle_ms=` shortens it for a try-out).
@@ -147,7 +149,10 @@ function renderOwnStatus() {
   if (!own) return;
   const until = own.until ? ` until ${new Date(own.until).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}` : "";
   $("own-status").textContent = `You are ${own.status}${own.text ? ` — ${own.text}` : ""}${until}${own.invisible ? " (invisible)" : ""}`;
-  $("status-invisible").checked = own.invisible === true;
+  // The toggle follows the server only when invisibility changed (another tab, a reconnect):
+  // an idle flip must not undo a box ticked but not yet submitted.
+  if (own.invisible !== state.shownInvisible) $("status-invisible").checked = own.invisible === true;
+  state.shownInvisible = own.invisible;
 }
 
 /** @param {string | null | undefined} when */

@@ -123,7 +123,7 @@ async def presence_set(conn: Connection, payload: PresenceSet) -> None:
     """Change the user's status; watchers and all the user's connections are told."""
     status.check_rate(conn.connection_id, "presence.set")
     try:
-        await status.set_status(conn.environment_id, conn.user, payload)
+        await status.set_status(conn.environment_id, conn.user, payload, conn.channel_ids)
     except status.Forbidden:
         raise FrameError("forbidden", "this environment does not allow invisibility", "presence.set") from None
 

@@ -41,7 +41,7 @@ from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
 from presence.scripts import ANNOUNCE, presence_key
-from presence.store import PresenceStore, record_failure
+from presence.store import PresenceStore, as_text, record_failure
 from relay.exceptions import FrameError
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
@@ -192,8 +192,13 @@ class Change:
     channels: list[str]
 
 
-def write_status(environment_id: str, user: User, payload: PresenceSet) -> Change:
-    """Apply a `presence.set` (or PUT body) to the user's row, in one transaction; raise Forbidden."""
+def write_status(
+    environment_id: str, user: User, payload: PresenceSet, channels: Iterable[str] | None = None
+) -> Change:
+    """Apply a `presence.set` (or PUT body) to the user's row, in one transaction; raise Forbidden.
+
+    `channels`: the user's channel ids when the caller knows them (a connection does), else read.
+    """
     now = timezone.now()
     given = payload.model_fields_set
     with transaction.atomic():
@@ -211,9 +216,9 @@ def write_status(environment_id: str, user: User, payload: PresenceSet) -> Chang
             # Others saw the user leave now: this is the "last seen" they may be told.
             row.last_seen_at = now
         row.save()
-    return Change(
-        before=before, after=Status.of(row), channels=sorted(channel_ids_of_member(environment_id, user.external_id))
-    )
+    if channels is None:
+        channels = channel_ids_of_member(environment_id, user.external_id)
+    return Change(before=before, after=Status.of(row), channels=sorted(channels))
 
 
 write_status_async = database_sync_to_async(write_status, thread_sensitive=False)
@@ -276,6 +281,21 @@ async def _write_cache(environment_id: str, statuses: Iterable[tuple[str, Status
         await pipe.execute()
 
     await store.call("status_write", work)
+
+
+async def _cache_and_idle(environment_id: str, user_id: str, status: Status) -> bool:
+    """Write the user's status to the cache and read their idle, in one round trip."""
+    store = actions.service().store
+    key = status_key(environment_id, user_id)
+
+    async def work() -> list:
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hset(key, mapping=status.cache_fields())
+        pipe.hget(key, "idle")
+        return await pipe.execute()
+
+    replies = await store.call("status_write", work)
+    return replies is not None and replies[1] is not None and as_text(replies[1]) == "1"
 
 
 def forget_cached(environment_id: str, user_id: str) -> None:
@@ -374,17 +394,18 @@ async def announce_change(environment_id: str, user_id: str, change: Change, idl
         log_event(logger, "presence.visibility", user=user_id, invisible=after.invisible)
 
 
-async def set_status(environment_id: str, user: User, payload: PresenceSet) -> tuple[Status, bool]:
+async def set_status(
+    environment_id: str, user: User, payload: PresenceSet, channels: Iterable[str] | None = None
+) -> tuple[Status, bool]:
     """Store a set, refresh the cache and announce it; raise Forbidden (nothing changed)."""
-    change = await write_status_async(environment_id, user, payload)
+    change = await write_status_async(environment_id, user, payload, None if channels is None else list(channels))
     held = actions.service().held.get((environment_id, user.external_id))
     if held is not None and held.invisible != change.after.invisible:
         # A re-election after Redis lost the key announces `online` to whom the user is visible,
         # and the reaper's `offline` goes to the channels the refresh writes next.
         held.invisible = change.after.invisible
         held.written = None
-    await _write_cache(environment_id, [(user.external_id, change.after)])
-    idle = (await cached_statuses(environment_id, [user.external_id]))[user.external_id][1]
+    idle = await _cache_and_idle(environment_id, user.external_id, change.after)
     await announce_change(environment_id, user.external_id, change, idle)
     return change.after, idle
 

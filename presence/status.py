@@ -473,7 +473,8 @@ def _from_ms(ms: int) -> datetime:
 DEVICE_KEY = "presence.device"
 
 
-@dataclass
+# Slots: one of these lives on every connection.
+@dataclass(slots=True)
 class Device:
     kind: str
     idle: bool

@@ -64,6 +64,8 @@ async def _drive(
     async def watch(socket: websockets.ClientConnection, wanted: set[str]) -> None:
         nonlocal frames
         async for raw in socket:
+            if '"presence.status"' not in raw:
+                continue  # not worth decoding: the driver shares the machine with the servers
             frame = json.loads(raw)
             if frame["type"] != "presence.status" or frame["payload"]["user"] not in wanted:
                 continue

@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from limits import RateLimitItemPerSecond, storage, strategies
+from redis.commands.core import AsyncScript
 
 from presence import actions
 from presence.fabric import GROUP_PREFIX, STATUS_CHANGE, State, group_name, transition_message
@@ -369,7 +370,7 @@ async def publish_if_online(environment_id: str, user_id: str, sends: list[tuple
             record_failure("status_publish", error)
             return None
         return True
-    script = store.client.register_script(ANNOUNCE)
+    script = _script(store, ANNOUNCE)
     args = [part for pair in publications for part in pair]
     reply = await store.call("status_publish", lambda: script(keys=[presence_key(environment_id, user_id)], args=args))
     return None if reply is None else bool(reply)
@@ -421,7 +422,7 @@ async def announce_idle(environment_id: str, user_id: str, idle: bool) -> None:
 async def devices_op(environment_id: str, user_id: str, op: str, ttl: int, *args: str) -> tuple[bool, bool] | None:
     """Run one devices op; (idle changed, idle now), or None when Redis failed."""
     store = actions.service().store
-    script = _devices_script(store)
+    script = _script(store, DEVICES_SCRIPT)
     keys = [devices_key(environment_id, user_id), status_key(environment_id, user_id)]
     reply = await store.call("devices", lambda: script(keys=keys, args=[op, ttl, *args]))
     if reply is None:
@@ -429,13 +430,15 @@ async def devices_op(environment_id: str, user_id: str, op: str, ttl: int, *args
     return bool(reply[0]), bool(reply[1])
 
 
-_scripts: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
+_scripts: "weakref.WeakKeyDictionary[PresenceStore, dict[str, AsyncScript]]" = weakref.WeakKeyDictionary()
 
 
-def _devices_script(store: PresenceStore) -> object:
-    script = _scripts.get(store)
+def _script(store: PresenceStore, source: str) -> AsyncScript:
+    """The store's client's handle on a script, made once (it carries the SHA the calls use)."""
+    scripts = _scripts.setdefault(store, {})
+    script = scripts.get(source)
     if script is None:
-        script = _scripts[store] = store.client.register_script(DEVICES_SCRIPT)
+        script = scripts[source] = store.client.register_script(source)
     return script
 
 

@@ -241,7 +241,8 @@ def from_payload(cls: type[F], payload: Any, frame_type: str) -> F:
     values = {}
     for field in dataclasses.fields(cls):
         if field.name not in payload:
-            if field.default is dataclasses.MISSING:
+            # A field with a default (or a default factory) may be absent: an older server's frame.
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise ProtocolError(f"{frame_type}: {field.name} is missing")
             continue
         value = payload[field.name]

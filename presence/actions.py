@@ -391,8 +391,9 @@ class PresenceService:
                 else:
                     self._unpublished.append((environment_id, user_id, channels))
             if departed:
-                # Their holder died silently: the deadline passed just now, so "last seen" is about now.
-                await self._last_seen(departed, time.time())
+                # Their holder died silently: the deadline passed just now, so "last seen" is about
+                # now. Written beside the reaping, never in its way.
+                self.spawn(self._last_seen(departed, time.time()))
             await self._publish_unpublished()
             if reaped.due < REAP_BATCH:
                 return

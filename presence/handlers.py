@@ -65,19 +65,23 @@ class RichPresence(registry.Extension):
         conn.state[DEVICE_KEY] = Device(kind=kind, idle=False, connected_ms=_now_ms())
         # Only the user's own connections join it: it carries their status with `invisible`.
         await channel_layer().group_add(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
+
+    async def opened(self, conn: Connection) -> None:
+        # After the election, not before: nothing of rich presence may delay (or reorder) it.
         status.devices().add(conn)
         changed = await status.devices_op(
             conn.environment_id, conn.user_id, "put", status.live_ttl(), *status.entry(conn)
         )
         if changed is not None and changed[0]:
-            # A connection starts active: an idle user is active again (told once online, if they are).
+            # A connection starts active: an idle user is active again.
             await status.announce_idle(conn.environment_id, conn.user_id, changed[1])
 
     async def closed(self, conn: Connection) -> None:
-        status.devices().discard(conn)
+        # Only an opened connection wrote its entry.
+        opened = status.devices().discard(conn)
         status.forget_rate(conn.connection_id)
         await channel_layer().group_discard(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
-        if DEVICE_KEY not in conn.state:
+        if not opened:
             return
         grace = settings.RELAY_PRESENCE_GRACE_MS
         await status.devices_op(conn.environment_id, conn.user_id, "close", grace, conn.connection_id)

@@ -502,8 +502,9 @@ class Devices:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._every_interval())
 
-    def discard(self, conn: object) -> None:
-        self.connections.pop(conn.connection_id, None)
+    def discard(self, conn: object) -> bool:
+        """Forget `conn`; True when it was here (it had opened)."""
+        return self.connections.pop(conn.connection_id, None) is not None
 
     async def _every_interval(self) -> None:
         service = actions.service()

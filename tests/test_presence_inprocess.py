@@ -147,8 +147,8 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
     assert (await linh.next_of("error"))["code"] == "invalid_frame"
     await linh.close()
     # The snapshot's read is part of the election's round trip: one failure, logged once; the
-    # connection's device entry (docs/contract.md, Rich presence) is written at the open and the close.
-    assert [e["op"] for e in events(caplog, "presence.failed")] == ["devices", "admit", "release", "devices"]
+    # connection's device entry (docs/contract.md, Rich presence) is written once it opened, and at the close.
+    assert [e["op"] for e in events(caplog, "presence.failed")] == ["admit", "devices", "release", "devices"]
     assert all(record.exc_info is None for record in caplog.records)
 
 

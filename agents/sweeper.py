@@ -6,51 +6,45 @@ connections or not. Every instance sweeps independently; `actions.sweep_stale` m
 concurrent sweeps safe, so no instance needs to know about the others.
 """
 
-import asyncio
 import logging
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
 from agents import actions
+from relay.clock import Clock, LoopClock, Periodic
 from relay.logging import log_event
+from relay.loops import PerLoop
 from relay.registry import Connection, Extension
 
 logger = logging.getLogger(__name__)
+
+# When the sweeps run (relay/clock.py); tests replace it to sweep without sleeping.
+clock: Clock = LoopClock()
 
 
 class Sweeper:
     """Runs `actions.sweep_stale` every RELAY_AGENT_SWEEP_MS on one event loop."""
 
     def __init__(self) -> None:
-        self.task: asyncio.Task | None = None
-        self._stopping = asyncio.Event()
+        self.rounds = Periodic(
+            self.sweep_once,
+            interval=lambda: settings.RELAY_AGENT_SWEEP_MS / 1000,
+            clock=lambda: clock,
+            failed=_sweep_failed,
+        )
 
     def ensure_running(self) -> None:
-        """Start the periodic sweep on the running loop unless it already runs there."""
-        loop = asyncio.get_running_loop()
-        # A task of another loop belongs to a loop that has ended (each test has its own).
-        if self.task is not None and not self.task.done() and self.task.get_loop() is loop:
-            return
-        self._stopping = asyncio.Event()
-        self.task = loop.create_task(self._run(self._stopping), name="agents.sweeper")
+        """Start the periodic sweep unless it already runs."""
+        self.rounds.start()
 
     async def stop(self) -> None:
-        """End the periodic sweep, letting a sweep in progress finish first."""
-        task, self.task = self.task, None
-        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
-            return
-        # Not task.cancel(): a cancelled await leaves the sweep running on in its worker
-        # thread, holding a database connection after the sweeper claims to have stopped.
-        self._stopping.set()
-        await task
+        """End the periodic sweep, letting a sweep in progress finish first.
 
-    async def _run(self, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            try:
-                await asyncio.wait_for(stopping.wait(), timeout=settings.RELAY_AGENT_SWEEP_MS / 1000)
-            except TimeoutError:
-                await self.sweep_once()
+        Not a cancel: a cancelled await leaves the sweep running on in its worker thread,
+        holding a database connection after the sweeper claims to have stopped.
+        """
+        await self.rounds.stop()
 
     async def sweep_once(self) -> int:
         """Sweep now; return how many rows were removed (0 when the sweep failed, which is logged)."""
@@ -59,17 +53,22 @@ class Sweeper:
             # must not hold up every other database call of this process behind it.
             swept = await database_sync_to_async(actions.sweep_stale, thread_sensitive=False)()
         except Exception as error:
-            # A busy or unreachable database only delays ageing out; the next tick tries again.
-            log_event(logger, "agent.sweep_failed", logging.ERROR, error=type(error).__name__)
+            # A busy or unreachable database only delays ageing out; the next round tries again.
+            _sweep_failed(error)
             return 0
         return len(swept)
 
 
-sweeper = Sweeper()
+def _sweep_failed(error: Exception) -> None:
+    log_event(logger, "agent.sweep_failed", logging.ERROR, error=type(error).__name__)
+
+
+# This event loop's sweeper.
+sweeper = PerLoop(Sweeper)
 
 
 class SweepOnFirstConnection(Extension):
     """Starts this instance's sweeper when a connection opens (a no-op once it runs)."""
 
     async def opened(self, conn: Connection) -> None:
-        sweeper.ensure_running()
+        sweeper().ensure_running()

@@ -7,6 +7,7 @@ restart that loses every key is exactly what the tests need to be able to do.
 """
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -115,6 +116,16 @@ class EmbeddedRedis:
             self._process.kill()
             self._process.wait()
         self._process = None
+
+    def pause(self) -> None:
+        """Stop answering without closing anything (SIGSTOP), as a Redis stuck or cut off by the network."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Answer again after `pause`, with every key and connection as it was (SIGCONT)."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def close(self) -> None:
         """Stop the server and remove its working directory."""

@@ -13,22 +13,22 @@ import functools
 import logging
 import time
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from presence.clock import Clock, LoopClock, Timer
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
 from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen
 from presence.scripts import member, split_member
 from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
 from relay import metrics
+from relay.clock import Clock, LoopClock, Periodic, Timer
 from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
 from relay.logging import log_event
+from relay.loops import PerLoop
 from relay.registry import Connection
 
 logger = logging.getLogger("presence")
@@ -44,7 +44,7 @@ EPOCH_CHANGED = "redis lost its data since the close; asking again after a refre
 
 Subject = tuple[str, str]
 
-# Presence's one source of time on this instance (presence/clock.py); tests replace it.
+# Presence's one source of time on this instance (relay/clock.py); tests replace it.
 clock: Clock = LoopClock()
 
 
@@ -135,8 +135,12 @@ class PresenceService:
         self.held: dict[Subject, Held] = {}
         self.pending: dict[Subject, Timer] = {}
         self.closed = False
-        self._ticker: asyncio.Task | None = None
-        self._reaper: asyncio.Task | None = None
+        # Two rounds: a long reaper pass (a dead peer's thousands of users) never delays this
+        # instance's own refresh past the TTL. Each stops when the instance holds nobody: every
+        # live watcher is held by some instance, and that instance's reaper tells them about a
+        # dead peer's users.
+        self.refresher = self._every_interval("refresh", self._refresh)
+        self.reaper = self._every_interval("reap", self._reap)
         # The reaper's `offline`s decided on a separate presence Redis and not yet published.
         self._unpublished: list[tuple[str, str, list[str]]] = []
         # Resolved when the refresh in flight (if any) has been answered by Redis.
@@ -310,32 +314,20 @@ class PresenceService:
 
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
-        if self.closed:
-            return
-        # Two tasks: a long reaper pass (a dead peer's thousands of users) never delays this
-        # instance's own refresh past the TTL. Each stops when the instance holds nobody: every
-        # live watcher is held by some instance, and that instance's reaper tells them about a
-        # dead peer's users.
-        if self._ticker is None:
-            self._ticker = asyncio.ensure_future(self._every_interval("refresh", self._refresh))
-        if self._reaper is None:
-            self._reaper = asyncio.ensure_future(self._every_interval("reap", self._reap))
+        if not self.closed:
+            self.refresher.start()
+            self.reaper.start()
 
-    async def _every_interval(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
-        try:
-            while self.held and not self.closed:
-                await self.clock.sleep(self.timings.refresh / 1000)
-                try:
-                    await work()
-                except Exception as error:
-                    # Redis faults are handled inside; this is the net that keeps one
-                    # unexpected error from ending refresh or reaping for good.
-                    record_failure(name, error)
-        finally:
-            if name == "refresh":
-                self._ticker = None
-            else:
-                self._reaper = None
+    def _every_interval(self, name: str, work: Callable[[], Awaitable[None]]) -> Periodic:
+        return Periodic(
+            work,
+            interval=lambda: self.timings.refresh / 1000,
+            clock=lambda: self.clock,
+            # Redis faults are handled inside; this is the net that keeps one unexpected error
+            # from ending refresh or reaping for good.
+            failed=functools.partial(record_failure, name),
+            wanted=lambda: bool(self.held) and not self.closed,
+        )
 
     async def _refresh(self) -> None:
         snapshot = {}
@@ -455,9 +447,8 @@ class PresenceService:
         for handle in self.pending.values():
             handle.cancel()
         self.pending.clear()
-        for task in (self._ticker, self._reaper):
-            if task is not None:
-                task.cancel()
+        self.refresher.cancel()
+        self.reaper.cancel()
         for task in list(self._tasks):
             task.cancel()
 
@@ -474,22 +465,10 @@ class PresenceService:
         await self.store.close()
 
 
-_services: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PresenceService]" = weakref.WeakKeyDictionary()
-
-
-def service() -> PresenceService:
-    """The presence service of the running event loop.
-
-    Per loop because a Redis client and its timers belong to one loop: Daphne runs one, while
-    in-process tests run each test in a fresh loop and get a fresh, independent service.
-    """
-    loop = asyncio.get_running_loop()
-    found = _services.get(loop)
-    if found is None:
-        found = _services[loop] = PresenceService()
-    return found
+# The presence service of the running event loop (its Redis client and timers belong to it).
+service = PerLoop(PresenceService)
 
 
 def running_services() -> list[PresenceService]:
     """Every service still attached to a live loop (for shutdown)."""
-    return list(_services.values())
+    return service.every()

@@ -26,6 +26,7 @@ from relay import metrics
 from relay.frames import PresenceChanged, PresenceStatus
 from relay.layer import channel_layer
 from relay.logging import log_event
+from relay.loops import PerLoop
 from relay.registry import Connection
 
 logger = logging.getLogger("presence")
@@ -161,13 +162,5 @@ class Fanout:
                 log_event(logger, "presence.failed", logging.ERROR, op="deliver", error=type(error).__name__)
 
 
-_fanouts: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout]" = weakref.WeakKeyDictionary()
-
-
-def fanout() -> Fanout:
-    """The presence fan-out of the running event loop (Daphne runs one; each in-process test its own)."""
-    loop = asyncio.get_running_loop()
-    found = _fanouts.get(loop)
-    if found is None:
-        found = _fanouts[loop] = Fanout()
-    return found
+# The presence fan-out of the running event loop.
+fanout = PerLoop(Fanout)

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import uuid
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from relay.batching import GroupCommit
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
 from relay.frames import ConnectionAck, Envelope, ErrorPayload, describe_validation_error
 from relay.logging import log_event
+from relay.loops import PerLoop
 from relay.models import Environment, User
 from relay.queries import channel_ids_of_user, channel_ids_of_users, users_by_external_id
 from relay.tokens import authenticate
@@ -118,16 +118,12 @@ _read_in_worker = database_sync_to_async(_read_connects)
 # worker-thread hop, because the hop itself (the handoff to the thread and back, Django's
 # connection bookkeeping on both sides, the GIL passed between the threads) costs more than the
 # reads in it.
-_connect_reads: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
+_connect_reads = PerLoop(lambda: GroupCommit(_read_in_worker))
 
 
 async def read_connect(token: str | None, extensions: list[registry.Extension]) -> ConnectRead:
     """Authenticate a connect and read what it needs, in the event loop's shared database hop."""
-    loop = asyncio.get_running_loop()
-    reads = _connect_reads.get(loop)
-    if reads is None:
-        reads = _connect_reads[loop] = GroupCommit(_read_in_worker)
-    return await reads.submit((token, extensions))
+    return await _connect_reads().submit((token, extensions))
 
 
 # Releases in flight (GatewayConsumer._end), held so a shielded task is not collected mid-way.
@@ -176,6 +172,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         # connect) instead of lost, which would leave it in a channel it was removed from until
         # it reconnects.
         self.bus = membership.bus()
+        self.applied = membership.Applied()
         await self.bus.start()
         self.reconciler = reconcile.reconciler()
         await self.reconciler.start()
@@ -359,13 +356,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def membership_changed(self, event: dict) -> None:
         """The user joined or left a channel: keep `channel_ids` and every app's groups current."""
-        channel_id = event["channel"]
-        if event["member"] and channel_id not in self.channel_ids:
+        if self.applied.notice(event["channel"], event["member"], event["version"]):
+            await self._apply_membership(event["channel"], event["member"])
+
+    async def _apply_membership(self, channel_id: str, member: bool) -> None:
+        if member and channel_id not in self.channel_ids:
             self.channel_ids.add(channel_id)
             await self.channel_layer.group_add_many(self._groups([channel_id]), self.channel_name)
             for ext in self.admitted:
                 await self._guarded(ext.channel_added, "channel_added", channel_id)
-        elif not event["member"] and channel_id in self.channel_ids:
+        elif not member and channel_id in self.channel_ids:
             # Out of `channel_ids` first: every app drops the channel's events from here on, even
             # those already queued for this connection.
             self.channel_ids.discard(channel_id)
@@ -375,12 +375,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def membership_sync(self, event: dict) -> None:
         """The reconciliation read the user's channels (a change's notice may have been lost): apply the difference."""
-        channels = set(event["channels"])
+        channels = self.applied.sync(set(event["channels"]), event["version"])
+        if channels is None:
+            return  # read before a read already applied
         added, removed = channels - self.channel_ids, self.channel_ids - channels
         for channel_id in sorted(removed):
-            await self.membership_changed({"channel": channel_id, "member": False})
+            await self._apply_membership(channel_id, False)
         for channel_id in sorted(added):
-            await self.membership_changed({"channel": channel_id, "member": True})
+            await self._apply_membership(channel_id, True)
         if added or removed:
             log_event(
                 logger,

@@ -8,11 +8,11 @@ frames with them at no cost on the hot path, and /v1/schema/frames.json is gener
 through `relay.registry`; this module only says what a well-formed payload is.
 """
 
-import json
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, NotRequired
 
+import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator, with_config
 
 # pydantic reads TypedDicts from typing_extensions before Python 3.12.
@@ -341,8 +341,10 @@ class Cursor(BaseModel):
 def parse_cursor(raw: str) -> dict[str, int]:
     """Return the cursor's positions, or raise ValueError with a readable reason."""
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
+        # orjson: nesting past 1,024 levels is a decode error, where json.loads raised
+        # RecursionError (not a ValueError) from about 1,000.
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
         raise ValueError("cursor is not JSON") from None
     if not isinstance(data, dict):
         raise ValueError("cursor must be a JSON object of channel id to seq")

@@ -7,9 +7,11 @@ hook: a layer without them fails at start-up, naming what it lacks, rather than 
 connection at a time.
 """
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
+from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.exceptions import ImproperlyConfigured
 
@@ -49,6 +51,23 @@ class RelayLayer(ChannelLayer, Protocol):
 def channel_layer() -> RelayLayer:
     """The configured channel layer, as the protocol `check_channel_layer` held it to."""
     return cast(RelayLayer, get_channel_layer())
+
+
+# How long a request that changed something waits for its notice to be published: a Redis that
+# stopped answering must not hold the request (the reconciliation delivers what a lost notice carried).
+NOTICE_TIMEOUT_SECONDS = 2.0
+
+
+def publish_notice(group: str, message: dict) -> None:
+    """`group_send` from synchronous code (a view, an admin action, a command), bounded in time.
+
+    Raises what the layer raised, or TimeoutError past NOTICE_TIMEOUT_SECONDS.
+    """
+
+    async def send() -> None:
+        await asyncio.wait_for(channel_layer().group_send(group, message), NOTICE_TIMEOUT_SECONDS)
+
+    async_to_sync(send)()
 
 
 def check_channel_layer() -> None:

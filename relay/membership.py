@@ -7,25 +7,28 @@ per-user group would cost every connection a SUBSCRIBE and an UNSUBSCRIBE, and w
 joined before the user's channels are read, which needs the user, which needs its own database
 hop; the bus is joined once, and its short memory of recent changes (`mark` / `listen`) closes
 the gap between a connection's read and its registration.
+
+Notices can be lost (pub/sub drops them while a subscriber reconnects; the process that made a
+change can die before it tells anyone). Every change also bumps the user's membership version in
+its own transaction, which relay/reconcile.py compares each refresh interval, and which orders
+reads and notices on each connection (`Applied`).
 """
 
-import asyncio
 import functools
 import logging
 import uuid
-import weakref
 from collections import deque
+from dataclasses import dataclass, field
 
-from asgiref.sync import async_to_sync
-from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import Signal, receiver
 
-from relay.layer import channel_layer
+from relay.layer import channel_layer, publish_notice
 from relay.logging import log_event
+from relay.loops import PerLoop, SharedOnce
 from relay.models import Channel, Membership, User
-from relay.redis_clients import sync_client
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +38,6 @@ EVENT = "membership.changed"
 # connect's database hop takes milliseconds, and a process sees far fewer changes than this
 # in that time. A connection that falls further behind re-reads its channels (`listen`).
 RECENT_CHANGES = 4096
-# A user's membership version lives this long after their last change: a version that has gone
-# reads as a change (one needless re-read), never as none.
-VERSION_TTL_SECONDS = 7 * 24 * 3600
 
 # Sent (sender=Membership, channel=, user=, membership_id=) once a membership was added and the
 # user's live connections were told: an app announces what the new membership makes visible to
@@ -59,20 +59,14 @@ class MembershipBus:
         self.listeners: dict[int, set[str]] = {}
         self.recent: deque[tuple[int, int, dict]] = deque(maxlen=RECENT_CHANGES)
         self.seq = 0
-        self._joined: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        """Join the membership group once for this loop; later calls return at once."""
-        joined = self._joined
-        if joined is None or (joined.done() and (joined.cancelled() or joined.exception() is not None)):
-            joined = self._joined = asyncio.ensure_future(self.layer.route_group(MEMBERSHIP_GROUP, self.received))
-        # Shielded: one connect cancelled midway must not cancel the join every connect waits for.
-        await asyncio.shield(joined)
+        # Joined once for this loop; later calls return at once.
+        self.start = SharedOnce(lambda: self.layer.route_group(MEMBERSHIP_GROUP, self.received))
 
     def received(self, message: dict) -> None:
         """One change from the group: remember it and hand it to the user's local connections."""
         try:
             user_pk = int(message["user"])
+            message["version"] = int(message["version"])
         except (KeyError, TypeError, ValueError):
             log_event(logger, "membership.invalid_event", logging.ERROR)
             return
@@ -120,16 +114,8 @@ class MembershipBus:
                 del self.listeners[user_pk]
 
 
-_buses: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MembershipBus]" = weakref.WeakKeyDictionary()
-
-
-def bus() -> MembershipBus:
-    """The membership bus of the running event loop (Daphne runs one; each in-process test its own)."""
-    loop = asyncio.get_running_loop()
-    found = _buses.get(loop)
-    if found is None:
-        found = _buses[loop] = MembershipBus()
-    return found
+# The membership bus of the running event loop.
+bus = PerLoop(MembershipBus)
 
 
 def add_member(channel: Channel, user: User) -> bool:
@@ -168,18 +154,34 @@ def _saved(sender: type, instance: Membership, created: bool, **kwargs: object) 
     if old == (instance.user_id, instance.channel_id):
         return
     if old is not None:
-        transaction.on_commit(functools.partial(_notify, *old, member=False))
-    added = functools.partial(_added, instance.channel, instance.user, instance.pk if old is None else None)
+        old_user, old_channel = old
+        transaction.on_commit(functools.partial(_notify, old_user, old_channel, False, _bump(old_user)))
+    added = functools.partial(
+        _added, instance.channel, instance.user, instance.pk if old is None else None, _bump(instance.user_id)
+    )
     transaction.on_commit(added)
 
 
 @receiver(post_delete, sender=Membership)
 def _deleted(sender: type, instance: Membership, **kwargs: object) -> None:
-    transaction.on_commit(functools.partial(_notify, instance.user_id, instance.channel_id, member=False))
+    version = _bump(instance.user_id)
+    transaction.on_commit(functools.partial(_notify, instance.user_id, instance.channel_id, False, version))
 
 
-def _added(channel: Channel, user: User, membership_id: int | None) -> None:
-    _notify(user.pk, channel.pk, member=True)
+def _bump(user_pk: int) -> int | None:
+    """Bump the user's membership version inside the change's transaction; return the new one.
+
+    The UPDATE holds the user's row until the commit, so the version read back is this change's
+    own, and changes to one user's memberships are numbered in their commit order. None when
+    the user is gone with it (a cascade).
+    """
+    users = User.objects.filter(pk=user_pk)
+    users.update(membership_version=F("membership_version") + 1)
+    return users.values_list("membership_version", flat=True).first()
+
+
+def _added(channel: Channel, user: User, membership_id: int | None, version: int | None) -> None:
+    _notify(user.pk, channel.pk, True, version)
     added = member_added.send_robust(sender=Membership, channel=channel, user=user, membership_id=membership_id)
     for _, outcome in added:
         # The membership stands whatever a listener does: it is durable and already made.
@@ -187,34 +189,57 @@ def _added(channel: Channel, user: User, membership_id: int | None) -> None:
             log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
 
 
-def version_key(user_pk: int) -> str:
-    """The Redis key of the user's membership version, which every committed change bumps."""
-    return f"relay:membership-version:{user_pk}"
-
-
-@functools.cache
-def _versions(url: str) -> object:
-    return sync_client(url)
-
-
-def _bump_version(user_pk: int) -> None:
-    # Before the notice: the notice may be lost (pub/sub drops messages while a subscriber
-    # reconnects); the version cannot, and every instance compares it each refresh interval.
+def _notify(user_pk: int, channel_id: uuid.UUID, member: bool, version: int | None) -> None:
+    # A lost notice (a channel-layer fault, a process that died before this ran) leaves the
+    # change made (it is durable, and so is its version) and the live connections to pick it up
+    # at their instance's next reconciliation (relay/reconcile.py).
+    if version is None:
+        return  # no such user any more: nobody is connected as them
     try:
-        key = version_key(user_pk)
-        with _versions(settings.RELAY_REDIS_URL).pipeline() as pipe:
-            pipe.incr(key).expire(key, VERSION_TTL_SECONDS).execute()
-    except Exception as error:
-        log_event(logger, "membership.version_failed", logging.ERROR, error=type(error).__name__)
-
-
-def _notify(user_pk: int, channel_id: uuid.UUID, *, member: bool) -> None:
-    _bump_version(user_pk)
-    # A channel-layer fault leaves the change made (it is durable) and the live connections to
-    # pick it up at their instance's next reconciliation (relay/reconcile.py).
-    try:
-        async_to_sync(channel_layer().group_send)(
-            MEMBERSHIP_GROUP, {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member}
+        publish_notice(
+            MEMBERSHIP_GROUP,
+            {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member, "version": version},
         )
     except Exception as error:
         log_event(logger, "membership.notify_failed", logging.ERROR, error=type(error).__name__)
+
+
+@dataclass
+class Applied:
+    """What one connection has applied of its user's membership changes, to order what comes next.
+
+    Notices and reads arrive out of order: a read that started before a change committed can be
+    applied after the change's notice, and two instances' notices race each other. Each carries
+    the user's membership version, so:
+
+    1. a read older than the last read applied is dropped;
+    2. a notice no newer than the last read applied, or than the last notice about its channel,
+       is dropped (the read or that notice already says more);
+    3. a read is applied with every newer notice already applied laid back over it.
+    """
+
+    # The version of the last full read applied; -1 before the first.
+    read: int = -1
+    # The channels' notices applied since that read: channel id -> (version, member).
+    notices: dict[str, tuple[int, bool]] = field(default_factory=dict)
+
+    def notice(self, channel_id: str, member: bool, version: int) -> bool:
+        """Record a notice; False when it is older than what was applied (drop it)."""
+        if version <= self.read or version <= self.notices.get(channel_id, (-1, False))[0]:
+            return False
+        self.notices[channel_id] = (version, member)
+        return True
+
+    def sync(self, channel_ids: set[str], version: int) -> set[str] | None:
+        """The channels to hold after a read at `version`; None when the read is older than what was applied."""
+        if version <= self.read:
+            return None
+        self.read = version
+        self.notices = {key: seen for key, seen in self.notices.items() if seen[0] > version}
+        channels = set(channel_ids)
+        for channel_id, (_, member) in self.notices.items():
+            if member:
+                channels.add(channel_id)
+            else:
+                channels.discard(channel_id)
+        return channels

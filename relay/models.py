@@ -115,6 +115,9 @@ class User(models.Model):
     external_id = models.CharField("id", max_length=128)
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Bumped in the transaction of every change to the user's memberships (relay/membership.py):
+    # it orders the changes, and nothing that happens after the commit can lose it.
+    membership_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["environment", "external_id"]

@@ -7,38 +7,44 @@ nothing can drop):
 
 - a connection whose environment's signing secret is no longer the one its token was verified
   with is closed with 4401 (and this process forgets the secret it cached);
-- a connection whose user's membership version (a Redis counter every change bumps, after its
-  commit) is not the one it last saw re-reads its channels and applies the difference. A new
-  connection has seen none, so its first round re-reads once: a change whose notice was lost
-  while it connected is caught too.
+- a connection whose user's membership version (a column every change bumps in its own
+  transaction) is not the one it last saw re-reads its channels, with the version they are at,
+  and applies the difference. A new connection has seen none, so its first round re-reads once:
+  a change whose notice was lost while it connected is caught too.
+
+Its cost is one query per round for the versions of every connected user (by primary key, in
+chunks), and a read of the channels of those whose version moved: docs/scaling.md gives the
+measured numbers.
 
 A rotation's notice makes the instance reconcile at once instead of at the next interval.
 """
 
-import asyncio
 import hashlib
 import logging
 import weakref
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 
-from relay import membership, tokens
-from relay.layer import channel_layer
+from relay import tokens
+from relay.clock import Clock, LoopClock, Periodic
+from relay.layer import channel_layer, publish_notice
 from relay.logging import log_event
+from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment
-from relay.queries import channel_ids_of_users
-from relay.redis_clients import async_client
+from relay.queries import membership_versions, versioned_channel_ids
 
 logger = logging.getLogger(__name__)
+
+# When the rounds run (relay/clock.py); tests replace it to run a round without sleeping.
+clock: Clock = LoopClock()
 
 SECRETS_GROUP = "secrets"
 REVOKE = "connection.revoke"
 SYNC = "membership.sync"
-# A connection that has not yet compared its user's membership version with Redis's.
+# A connection that has not yet compared its user's membership version with the database's.
 UNSEEN = object()
 
 
@@ -58,9 +64,7 @@ def rotate_secret(environment: Environment) -> None:
 
 def _announce_rotation(environment_id: str) -> None:
     try:
-        async_to_sync(channel_layer().group_send)(
-            SECRETS_GROUP, {"type": "secret.rotated", "environment": environment_id}
-        )
+        publish_notice(SECRETS_GROUP, {"type": "secret.rotated", "environment": environment_id})
     except Exception as error:
         # The rotation stands; each instance's next round closes the connections.
         log_event(logger, "reconcile.notify_failed", logging.ERROR, error=type(error).__name__)
@@ -72,25 +76,21 @@ class Reconciler:
     def __init__(self) -> None:
         self.layer = channel_layer()
         self.connections: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._redis = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._running: asyncio.Task | None = None
-        self._again = False
-        self._joined: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        """Join the secrets group once for this loop (rotation notices); later calls return at once."""
-        joined = self._joined
-        if joined is None or (joined.done() and (joined.cancelled() or joined.exception() is not None)):
-            joined = self._joined = asyncio.ensure_future(self.layer.route_group(SECRETS_GROUP, self.notice_received))
-        await asyncio.shield(joined)
+        # Joined once for this loop (rotation notices); later calls return at once.
+        self.start = SharedOnce(lambda: self.layer.route_group(SECRETS_GROUP, self.notice_received))
+        self.rounds = Periodic(
+            self.reconcile,
+            interval=lambda: settings.RELAY_PRESENCE_REFRESH_MS / 1000,
+            clock=lambda: clock,
+            failed=_round_failed,
+            wanted=lambda: bool(self.connections),
+        )
 
     def add(self, conn: Any) -> None:
         """Reconcile `conn` from now on, until `discard`."""
         conn.membership_version = UNSEEN
         self.connections.add(conn)
-        if self._timer is None and self._running is None:
-            self._schedule()
+        self.rounds.start()
 
     def discard(self, conn: Any) -> None:
         """Stop reconciling `conn` (it ended)."""
@@ -105,36 +105,7 @@ class Reconciler:
 
     def run_soon(self) -> None:
         """Reconcile now, or right after the round in progress."""
-        if self._running is not None:
-            self._again = True
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._running = asyncio.ensure_future(self._round())
-
-    def _schedule(self) -> None:
-        loop = asyncio.get_running_loop()
-        # A timer rather than a sleeping task: a loop that ends (each in-process test's) leaves no
-        # pending task behind, and with no connections nothing runs at all.
-        self._timer = loop.call_later(settings.RELAY_PRESENCE_REFRESH_MS / 1000, self._due)
-
-    def _due(self) -> None:
-        self._timer = None
-        self._running = asyncio.ensure_future(self._round())
-
-    async def _round(self) -> None:
-        try:
-            await self.reconcile()
-        except Exception as error:
-            log_event(logger, "reconcile.failed", logging.ERROR, op="round", error=type(error).__name__)
-        finally:
-            self._running = None
-            if self._again:
-                self._again = False
-                self.run_soon()
-            elif self.connections:
-                self._schedule()
+        self.rounds.run_soon()
 
     async def reconcile(self) -> None:
         """One round over every open connection: revoked secrets, then membership versions."""
@@ -156,27 +127,28 @@ class Reconciler:
     async def _check_memberships(self, connections: list[Any]) -> None:
         if not connections:
             return
-        user_pks = sorted({conn.user.pk for conn in connections})
-        try:
-            if self._redis is None:
-                self._redis = async_client(settings.RELAY_REDIS_URL)
-            found = await self._redis.mget([membership.version_key(pk) for pk in user_pks])
-            versions = dict(zip(user_pks, found, strict=True))
-        except Exception as error:
-            # Redis away: the notices are not flowing either; the next round tries again.
-            log_event(logger, "reconcile.failed", logging.ERROR, op="versions", error=type(error).__name__)
-            return
-        stale = [conn for conn in connections if conn.membership_version != versions[conn.user.pk]]
+        user_pks = {conn.user.pk for conn in connections}
+        # The durable versions, not a copy in Redis: a change whose notice and everything else
+        # after its commit was lost (a Redis outage, a process that died) still moved this.
+        versions = await read_versions(user_pks)
+        stale = {conn.user.pk for conn in connections if conn.membership_version != versions.get(conn.user.pk)}
         if not stale:
             return
-        # Read AFTER the versions: what is read is at least as new as each version seen, and a
-        # change committed later bumps its user's version again for the next round.
-        channels = await database_sync_to_async(channel_ids_of_users)({conn.user.pk for conn in stale})
-        for conn in stale:
-            conn.membership_version = versions[conn.user.pk]
-            found = channels.get(conn.user.pk, set())
-            if found != conn.channel_ids:
-                self.layer.send_local(conn.channel_name, {"type": SYNC, "channels": sorted(found)})
+        found = await read_versioned_channels(stale)
+        for conn in connections:
+            if conn.user.pk in found:
+                version, channels = found[conn.user.pk]
+                conn.membership_version = version
+                # Always sent: the connection orders it against the notices it has applied
+                # (relay.membership.Applied), and only it knows whether it changes anything.
+                sync = {"type": SYNC, "channels": sorted(channels), "version": version}
+                self.layer.send_local(conn.channel_name, sync)
+
+
+# Off the thread every other database call shares: a round over thousands of connections must not
+# hold up the connects and sends queued behind it.
+read_versions = database_sync_to_async(membership_versions, thread_sensitive=False)
+read_versioned_channels = database_sync_to_async(versioned_channel_ids, thread_sensitive=False)
 
 
 def _secret_versions(environment_ids: set[str]) -> dict[str, str]:
@@ -187,13 +159,9 @@ def _secret_versions(environment_ids: set[str]) -> dict[str, str]:
     }
 
 
-_reconcilers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Reconciler]" = weakref.WeakKeyDictionary()
+def _round_failed(error: Exception) -> None:
+    log_event(logger, "reconcile.failed", logging.ERROR, op="round", error=type(error).__name__)
 
 
-def reconciler() -> Reconciler:
-    """The reconciler of the running event loop (Daphne runs one; each in-process test its own)."""
-    loop = asyncio.get_running_loop()
-    found = _reconcilers.get(loop)
-    if found is None:
-        found = _reconcilers[loop] = Reconciler()
-    return found
+# The reconciler of the running event loop.
+reconciler = PerLoop(Reconciler)

@@ -9,6 +9,7 @@ checks) asks here, with the URL it is configured with.
 """
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -26,9 +27,14 @@ def _through_sentinels(url: str) -> bool:
 
 
 def _master_options(url: str) -> dict[str, Any]:
-    """What of `url` still applies to the master the sentinels name: database, user, password."""
+    """What of `url` still applies to the master the sentinels name: database, user, password, TLS."""
     parsed = parse_url(url)
-    return {key: parsed[key] for key in ("db", "username", "password") if parsed.get(key) is not None}
+    options = {key: parsed[key] for key in ("db", "username", "password") if parsed.get(key) is not None}
+    # parse_url names TLS by its connection class, which a sentinel pool replaces with its own:
+    # `ssl` is what makes that one speak TLS (rediss://), as the URL asked.
+    if urlsplit(url).scheme == "rediss":
+        options["ssl"] = True
+    return options
 
 
 def layer_host(url: str, sentinels: list[tuple[str, int]], master: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ frames' JSON Schema from the registry (every client frame's model, every server 
 TypedDict). Nothing here is a copy that could drift from the code.
 """
 
+import functools
 import http
 import inspect
 import re
@@ -215,7 +216,17 @@ def frames_document() -> dict:
 @documented(GET=Operation("This document", {200: dict[str, Any]}, tags=("schemas",)))
 def openapi(request: HttpRequest) -> HttpResponse:
     """GET /v1/openapi.json: OpenAPI 3.1 of the HTTP API."""
-    return JsonResponse(openapi_document())
+    return HttpResponse(openapi_body(), content_type="application/json")
+
+
+@functools.cache
+def openapi_body() -> bytes:
+    """The document as served, built once per process.
+
+    The routes and models it describes are fixed while the process runs, and building it costs
+    tens of milliseconds: a request must not pay that each time.
+    """
+    return JsonResponse(openapi_document()).content
 
 
 @endpoint("GET", authenticated=False)

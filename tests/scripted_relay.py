@@ -69,6 +69,10 @@ class ScriptedRelay:
     script: Script
     history: dict[str, list[dict]] = field(default_factory=dict)
     history_status: int = 200
+    # Where the history endpoint redirects to (302), instead of answering.
+    history_redirect: str | None = None
+    # Bytes of padding the history endpoint adds to each page (an extra field the client ignores).
+    history_padding: int = 0
     connections: list[Connection] = field(default_factory=list)
     history_requests: list[str] = field(default_factory=list)
     history_headers: list[dict[str, str]] = field(default_factory=list)
@@ -78,8 +82,15 @@ class ScriptedRelay:
 
     @property
     def url(self) -> str:
-        port = self.server.sockets[0].getsockname()[1]
-        return f"ws://127.0.0.1:{port}"
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def port(self) -> int:
+        return self.server.sockets[0].getsockname()[1]
 
     async def __aenter__(self) -> "ScriptedRelay":
         self.server = await serve(self._serve, "127.0.0.1", 0, process_request=self._http)
@@ -115,6 +126,10 @@ class ScriptedRelay:
             return None  # the WebSocket handshake goes on
         self.history_requests.append(request.path)
         self.history_headers.append(dict(request.headers.raw_items()))
+        if self.history_redirect is not None:
+            response = connection.respond(302, "")
+            response.headers["Location"] = self.history_redirect + request.path
+            return response
         if self.history_status != 200:
             return connection.respond(self.history_status, "{}")
         query = {key: int(values[0]) for key, values in parse_qs(parts.query).items()}
@@ -122,6 +137,8 @@ class ScriptedRelay:
         messages = [m for m in self.history.get(found["channel"], []) if m["seq"] > after][:limit]
         next_after = messages[-1]["seq"] if len(messages) == limit else None
         body = {"channel": found["channel"], "messages": messages, "next_after": next_after}
+        if self.history_padding:
+            body["padding"] = "x" * self.history_padding
         return connection.respond(200, json.dumps(body))
 
 

@@ -575,7 +575,7 @@ class ManualTimer:
 
 
 class ManualClock:
-    """Presence's clock (presence.clock.Clock) moved by hand: nothing it schedules runs until `advance`."""
+    """A clock (relay.clock.Clock) moved by hand: nothing it schedules runs until `advance`."""
 
     def __init__(self) -> None:
         self.now = 0.0

@@ -61,7 +61,7 @@ class Worker:
 async def _stop_sweeper():
     """The first connection of a test starts the sweeper on the test's loop; stop it with the test."""
     yield
-    await sweeper.stop()
+    await sweeper().stop()
 
 
 def row(instance: str, tenant) -> Registration:

@@ -1,6 +1,5 @@
 """Liveness: rows unseen for RELAY_AGENT_TTL_MS are aged out; heartbeating ones stay. No test sleeps for a TTL."""
 
-import asyncio
 import threading
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -12,11 +11,12 @@ from django.db import OperationalError, connection
 from prometheus_client import REGISTRY
 
 from agents import actions
+from agents import sweeper as agents_sweeper
 from agents.actions import do_heartbeat, do_register, sweep_stale
 from agents.models import Registration
 from agents.sweeper import Sweeper, sweeper
 from relay.frames import Capability
-from tests.support import T0, events, next_frame, open_communicator
+from tests.support import T0, ManualClock, events, next_frame, open_communicator
 
 TTL = timedelta(milliseconds=30_000)
 
@@ -129,42 +129,53 @@ def test_sweepagents_refuses_a_ttl_below_one_and_removes_nothing(acme):
 registered = database_sync_to_async(instances)
 
 
-async def wait_for_instances(expected: set[str], timeout: float = 10.0) -> None:
-    """Poll the table until it holds exactly `expected` (the sweeper runs on its own schedule)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while (found := await registered()) != expected:
-        assert asyncio.get_running_loop().time() < deadline, f"still registered: {found}"
-        await asyncio.sleep(0.02)
+@pytest.fixture
+def sweep_clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    """When the sweeps run, moved by hand: a sweep runs only when the test advances past the interval."""
+    clock = ManualClock()
+    monkeypatch.setattr(agents_sweeper, "clock", clock)
+    return clock
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_workers(acme, settings, agents_clock):
+async def test_a_connection_starts_the_periodic_sweep_which_ages_out_silent_workers(
+    acme, settings, agents_clock, sweep_clock
+):
     settings.RELAY_AGENT_TTL_MS = 30_000
-    settings.RELAY_AGENT_SWEEP_MS = 50
+    settings.RELAY_AGENT_SWEEP_MS = 10_000
     linh = await open_communicator(acme.token("linh"))
     await next_frame(linh)
     for instance in ("silent", "beating"):
         await linh.send_json_to({"type": "register", "payload": {"instance": instance}})
         assert (await next_frame(linh))["type"] == "register.ack"
-    assert sweeper.task is not None and not sweeper.task.done()
+    rounds = sweeper().rounds
+    assert rounds.armed
 
     agents_clock.now = T0 + timedelta(seconds=20)
     await linh.send_json_to({"type": "heartbeat", "payload": {"instance": "beating"}})
     await linh.send_json_to({"type": "register", "payload": {"instance": "probe"}})
     await next_frame(linh)
     agents_clock.now = T0 + TTL + timedelta(seconds=1)
-    await wait_for_instances({"beating", "probe"})
+    # Stale now, and still there until the sweep's interval has passed.
+    sweep_clock.advance(9.999)
+    await rounds.settled()
+    assert await registered() == {"silent", "beating", "probe"}
+    sweep_clock.advance(0.001)
+    await rounds.settled()
+    assert await registered() == {"beating", "probe"}
 
     # The disconnect removes nothing; only the sweep does.
     await linh.disconnect()
     assert await registered() == {"beating", "probe"}
-    await sweeper.stop()
-    assert sweeper.task is None
+    await sweeper().stop()
+    assert not rounds.armed
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_failing_sweep_is_logged_and_the_next_one_runs(acme, settings, agents_clock, monkeypatch, caplog):
-    settings.RELAY_AGENT_SWEEP_MS = 20
+async def test_a_failing_sweep_is_logged_and_the_next_one_runs(
+    acme, settings, agents_clock, sweep_clock, monkeypatch, caplog
+):
+    settings.RELAY_AGENT_SWEEP_MS = 1_000
     settings.RELAY_AGENT_TTL_MS = 30_000
     await database_sync_to_async(register)(acme, "linh", "silent")
     agents_clock.now = T0 + TTL + timedelta(seconds=1)
@@ -181,24 +192,32 @@ async def test_a_failing_sweep_is_logged_and_the_next_one_runs(acme, settings, a
     own = Sweeper()
     own.ensure_running()
     try:
-        await wait_for_instances(set())
+        sweep_clock.advance(1.0)
+        await own.rounds.settled()
+        assert await registered() == {"silent"}
+        assert events(caplog, "agent.sweep_failed") == [{"error": "OperationalError"}]
+        sweep_clock.advance(1.0)
+        await own.rounds.settled()
+        assert await registered() == set()
     finally:
         await own.stop()
-    failed = events(caplog, "agent.sweep_failed")
-    assert failed == [{"error": "OperationalError"}]
     assert [e["instance"] for e in events(caplog, "agent.swept")] == ["silent"]
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_stopping_the_sweeper_ends_its_task_and_it_can_start_again(settings):
+async def test_stopping_the_sweeper_lets_its_sweep_finish_and_it_can_start_again(acme, settings, sweep_clock):
     settings.RELAY_AGENT_SWEEP_MS = 10_000
     own = Sweeper()
     own.ensure_running()
-    first = own.task
-    own.ensure_running()
-    assert own.task is first  # one sweep per loop however many connections open
+    own.ensure_running()  # one sweep per loop however many connections open
+    sweep_clock.advance(10.0)
+    sweeping = own.rounds.running
+    assert sweeping is not None
     await own.stop()
-    assert first.done() and not first.cancelled()
+    assert sweeping.done() and not sweeping.cancelled()
+    assert not own.rounds.armed
+    sweep_clock.advance(100.0)
+    assert own.rounds.running is None  # stopped: no timer left to fire
     own.ensure_running()
-    assert own.task is not first and not own.task.done()
+    assert own.rounds.armed
     await own.stop()

@@ -6,6 +6,7 @@ nothing. globex's linh and zed share board.
 
 import asyncio
 import uuid
+from urllib.parse import quote
 
 import pytest
 from channels.db import database_sync_to_async
@@ -176,3 +177,17 @@ async def test_every_malformed_send_is_refused_nothing_is_stored_and_the_socket_
     assert ok["payload"]["seq"] == 1
     assert linh.close_code is None
     await linh.close()
+
+
+async def test_a_cursor_nested_a_thousand_deep_gets_invalid_cursor_and_the_socket_stays_open(live_instances, acme):
+    (gw,) = live_instances(1)
+    fleet = acme.channels["fleet"]
+    deep = "[" * 1000 + "]" * 1000
+    for raw in (deep, f'{{"{fleet.id}": {deep}}}'):
+        linh = await WsClient.open(f"{gw.ws_url(acme.token('linh'))}&cursor={quote(raw)}")
+        error = await linh.next_of("error")
+        assert (error["code"], error["message"][:8]) == ("invalid_cursor", "cursor: ")
+        ack = await linh.send_and_ack(send_payload(fleet, "still served"))
+        assert ack["type"] == "message.ack"
+        await linh.close()
+    assert gw.events("connection.hook_failed") == []

@@ -119,7 +119,11 @@ def test_a_connect_reads_the_users_ids_only_and_the_rest_loads_on_first_access(a
     stored = User.objects.get(pk=user.pk)
     assert (user.environment_id, user.external_id) == (stored.environment_id, stored.external_id)
     assert user.environment == acme.environment  # the cached environment, no query
-    assert user.get_deferred_fields() == {"name", "created_at"}
+    assert user.get_deferred_fields() == {"name", "created_at", "membership_version"}
     assert [query["sql"].count('"relay_user"."name"') for query in connect.captured_queries] == [0, 0]
-    assert (user.name, user.created_at) == (stored.name, stored.created_at)
+    assert (user.name, user.created_at, user.membership_version) == (
+        stored.name,
+        stored.created_at,
+        stored.membership_version,
+    )
     assert user.get_deferred_fields() == set()

@@ -99,3 +99,26 @@ async def test_a_closed_connection_stops_listening_on_the_bus(acme):
     assert pk in membership.bus().listeners
     await linh.close()
     assert pk not in membership.bus().listeners
+
+
+# ── reads and notices in version order (membership.Applied) ──────────────────
+def test_a_read_from_before_a_change_keeps_the_change_applied_since():
+    applied = membership.Applied()
+    assert applied.notice("fleet", False, 5)  # removed at version 5
+    assert applied.notice("lab", True, 6)  # added at version 6
+    # A read at version 4 still had fleet and not lab.
+    assert applied.sync({"fleet", "general"}, 4) == {"general", "lab"}
+    # A read at version 6 says it all: the notices up to it are folded into it.
+    assert applied.sync({"general", "lab"}, 6) == {"general", "lab"}
+    assert applied.notices == {}
+
+
+def test_a_read_older_than_the_last_read_and_a_notice_older_than_either_are_dropped():
+    applied = membership.Applied()
+    assert applied.sync({"general"}, 7) == {"general"}
+    assert applied.sync({"general", "fleet"}, 6) is None
+    assert not applied.notice("fleet", True, 7)  # the read at 7 already says
+    assert applied.notice("fleet", True, 9)
+    # Two instances' notices about one channel, the later one heard first.
+    assert not applied.notice("fleet", False, 8)
+    assert applied.sync({"general"}, 8) == {"general", "fleet"}

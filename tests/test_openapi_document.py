@@ -3,6 +3,7 @@
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from relay import schema
 from relay.api import UserBody
 
 # Development routes outside the API the document describes.
@@ -47,3 +48,20 @@ def test_a_request_body_is_the_model_the_view_validates_with():
     assert published["additionalProperties"] is False
     # Optional fields may be left out, never null: the schema says so as the model does.
     assert "anyOf" not in published["properties"]["name"]
+
+
+def test_the_document_is_built_once_per_process_and_served_the_same_each_time(monkeypatch):
+    builds = []
+    build = schema.openapi_document
+
+    def counted() -> dict:
+        builds.append(1)
+        return build()
+
+    monkeypatch.setattr(schema, "openapi_document", counted)
+    schema.openapi_body.cache_clear()
+    first, second = Client().get("/v1/openapi.json"), Client().get("/v1/openapi.json")
+    assert (first.status_code, first["Content-Type"]) == (200, "application/json")
+    assert first.content == second.content
+    assert first.json()["openapi"] == "3.1.0"
+    assert len(builds) == 1

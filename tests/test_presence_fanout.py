@@ -112,7 +112,7 @@ async def test_a_transition_raced_with_a_connect_is_queued_behind_the_snapshot(a
 async def test_a_transition_read_behind_a_membership_removal_waits_for_it_and_is_dropped(acme, queued):
     fleet, general = str(acme.channels["fleet"].id), str(acme.channels["general"].id)
     linh = await _open_live(acme.token("linh"), "linh")
-    removal = {"type": EVENT, "user": acme.users["linh"].pk, "channel": fleet, "member": False}
+    removal = {"type": EVENT, "user": acme.users["linh"].pk, "channel": fleet, "member": False, "version": 1}
     # Read off Redis together: the removal is queued for linh's consumer, and the transition
     # must not go past it, or linh would hear of tuan in a channel she has just left.
     await get_channel_layer().group_send_many(

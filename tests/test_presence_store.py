@@ -48,11 +48,21 @@ def test_the_grace_check_runs_after_the_grace_never_on_it():
     assert Timings(grace=30_000, ttl=30_000, refresh=10_000, margin=1_000, max_connections=5).check_delay == 31_000
 
 
-def test_the_marker_outlives_every_deadline_a_close_leaves_behind():
-    # Deadline <= close + TTL + grace, reaped at most one refresh later; the marker is set at
-    # close + grace + margin at the earliest.
-    t = TIMINGS
-    assert t.grace + t.margin + t.marker_ttl > t.ttl + t.grace + t.refresh
+async def test_the_marker_outlives_every_deadline_a_close_leaves_behind(stores, redis_client):
+    one, _ = stores
+    # The newest deadline a close can leave: one written at the close itself (as the election
+    # and each refresh write it).
+    await admit(one, ACME, "linh", "c1")
+    deadline = redis_client.zscore(DEADLINES, member(ACME, "linh"))
+    await one.release(ACME, "linh", "c1", last_local=True)
+    redis_client.delete(presence_key(ACME, "linh"))  # the grace has passed
+    # Checked at once, earlier than any real grace check (grace + margin after the close), so
+    # the marker it sets expires earlier than a real one would.
+    assert await check(one, ACME, "linh") == 1
+    seconds, microseconds = redis_client.time()
+    marker_expires = seconds * 1000 + microseconds // 1000 + redis_client.pttl(marker_key(ACME, "linh"))
+    # A reaper takes a due deadline at most one refresh late, and must find the marker then.
+    assert marker_expires > deadline + TIMINGS.refresh
 
 
 def test_a_member_names_one_tenants_user_and_splits_back():

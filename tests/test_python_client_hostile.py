@@ -8,6 +8,7 @@ repeat one, or make a send land twice.
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 
 import pytest
 from relay_client import (
@@ -283,6 +284,52 @@ async def test_when_the_history_cannot_be_read_a_resume_fills_the_gap():
         assert app.seqs() == [1, 2, 3]
         assert len(server.history_requests) == 1
         assert server.connections[1].cursor == {CHANNEL: 1}
+        assert app.reconnects() == 1
+        await client.close()
+
+
+def gap_then_resume(server_of: Callable[[], ScriptedRelay]) -> Callable[[Connection], Awaitable[None]]:
+    """Seq 1 and 3 live on the first connection (2 is missing); a resume sends the rest."""
+
+    async def script(connection: Connection) -> None:
+        await connection.hello("linh", [CHANNEL], [])
+        if len(server_of().connections) == 1:
+            await connection.send("message.created", message(CHANNEL, 1))
+            await connection.send("message.created", message(CHANNEL, 3))
+        else:
+            for seq in range(connection.cursor[CHANNEL] + 1, 4):
+                await connection.send("message.created", message(CHANNEL, seq))
+        await connection.drain()
+
+    return script
+
+
+async def test_a_history_that_redirects_is_not_followed_with_the_token():
+    history = {CHANNEL: [message(CHANNEL, seq) for seq in range(1, 4)]}
+    async with (
+        ScriptedRelay(gap_then_resume(lambda: elsewhere), history=history) as elsewhere,
+        ScriptedRelay(gap_then_resume(lambda: server), history_redirect=elsewhere.http_url) as server,
+    ):
+        client = reader(server.url, gap_wait=0.05)
+        await asyncio.wait_for(client.connect(), 30)
+        app = Application(client)
+        await app.until(lambda app: len(app.seqs()) == 3)
+        assert app.seqs() == [1, 2, 3]  # from the resume
+        assert len(server.history_requests) == 1
+        assert app.reconnects() == 1
+        assert elsewhere.history_requests == []  # the token never went there
+        await client.close()
+
+
+async def test_a_history_page_larger_than_its_messages_can_be_is_not_read():
+    history = {CHANNEL: [message(CHANNEL, seq) for seq in range(1, 4)]}
+    async with ScriptedRelay(gap_then_resume(lambda: server), history=history, history_padding=2**22) as server:
+        client = reader(server.url, gap_wait=0.05)
+        await asyncio.wait_for(client.connect(), 30)
+        app = Application(client)
+        await app.until(lambda app: len(app.seqs()) == 3)
+        assert app.seqs() == [1, 2, 3]  # from the resume: the page of one message was 4 MiB
+        assert len(server.history_requests) == 1
         assert app.reconnects() == 1
         await client.close()
 

@@ -119,3 +119,30 @@ async def test_a_removal_whose_notice_was_lost_still_stops_the_channels_frames(l
     assert after["id"] not in [m["id"] for m in linh.of_type("message.created")]
     await linh.close()
     await tuan.close()
+
+
+async def test_a_users_versions_never_repeat_when_redis_forgets_them(live_instances, acme, redis_client):
+    # Rounds far apart, so that the forgetting and the next change fall between two of them.
+    (lossy,) = live_instances(1, **timings(ttl=6000, refresh=2000), **LOSSY)
+    (hearing,) = live_instances(1, **timings())
+    fleet, general = acme.channels["fleet"], acme.channels["general"]
+    linh = await connect(lossy, acme, "linh")
+    tuan = await connect(hearing, acme, "tuan")
+    member = f"{hearing.http_url}/v1/channels/{fleet.id}/members/linh"
+
+    assert http("DELETE", member, api_key=acme.api_key)[0] == 204
+    await logged(lossy, "membership.repaired", user="linh", removed=1)
+    # Redis forgets everything (a restart, an eviction, an expiry), then linh's memberships change
+    # as often as they had before (her two at the start and the removal): a counter that started
+    # again would now read as the version her connection already saw.
+    redis_client.flushall()
+    for method, status in (("PUT", 201), ("DELETE", 204), ("PUT", 201)):
+        assert http(method, member, api_key=acme.api_key)[0] == status
+    await logged(lossy, "membership.repaired", user="linh", added=1)
+
+    back = (await tuan.send_and_ack(send_payload(fleet, "welcome back")))["payload"]
+    await linh.wait_for(lambda c: any(m["id"] == back["id"] for m in c.of_type("message.created")))
+    barrier = (await tuan.send_and_ack(send_payload(general, "and general")))["payload"]
+    await linh.wait_for(lambda c: any(m["id"] == barrier["id"] for m in c.of_type("message.created")))
+    await linh.close()
+    await tuan.close()

@@ -22,6 +22,7 @@ from tests.support import (
     close_all,
     connect,
     heard,
+    http,
     logged,
     states,
     timings,
@@ -156,3 +157,21 @@ async def test_the_layer_subscribes_again_after_its_redis_restarts_empty(live_in
         await close_all(linh, tuan, kim)
     finally:
         private.close()
+
+
+def readiness(instance) -> tuple[int, object]:
+    return http("GET", f"{instance.http_url}/readyz")
+
+
+async def test_a_rediss_url_through_the_sentinels_keeps_tls(live_instances):
+    # The master speaks plain text only: a client that keeps TLS cannot talk to it, and one that
+    # dropped TLS (its traffic in clear on the network) can.
+    with EmbeddedRedis() as master, EmbeddedSentinel(master.port) as sentinel:
+        through = {"RELAY_REDIS_SENTINELS": sentinel.address}
+        (plain,) = live_instances(1, RELAY_REDIS_URL="redis://relay-redis-master/0", **through)
+        (tls,) = live_instances(1, RELAY_REDIS_URL="rediss://relay-redis-master/0", **through)
+        status, body = readiness(plain)
+        assert (status, body["checks"]["redis"]) == (200, "ok")
+        status, body = readiness(tls)
+        assert status == 503
+        assert body["checks"]["redis"] != "ok"

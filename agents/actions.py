@@ -6,6 +6,7 @@ connection first registered it, and no other identity can change, refresh or rem
 
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -28,6 +29,10 @@ clock: Callable[[], datetime] = timezone.now
 # Rows deleted per sweep transaction, so one large sweep never holds SQLite's single
 # write lock long enough to stall the registers and heartbeats queued behind it.
 SWEEP_BATCH = 500
+
+# Why the registrations being deleted now go: "swept" inside the sweep, "deregistered" otherwise
+# (a worker's deregister, an admin's delete). Read by whoever reports the deletion (webhooks).
+removal_reason: ContextVar[str] = ContextVar("removal_reason", default="deregistered")
 
 
 def do_register(
@@ -118,7 +123,11 @@ def sweep_stale(now: datetime | None = None, ttl_ms: int | None = None) -> list[
             batch = list(locked.values_list("pk", "environment_id", "instance")[:SWEEP_BATCH])
             # The DELETE re-checks staleness itself, so even without row locks (a backend that
             # ignores FOR UPDATE) a row a heartbeat just refreshed is never removed.
-            Registration.objects.filter(pk__in=[pk for pk, _, _ in batch], last_seen__lt=cutoff).delete()
+            token = removal_reason.set("swept")
+            try:
+                Registration.objects.filter(pk__in=[pk for pk, _, _ in batch], last_seen__lt=cutoff).delete()
+            finally:
+                removal_reason.reset(token)
         for _, environment_id, instance in batch:
             swept.append((str(environment_id), instance))
             log_event(logger, "agent.swept", instance=instance, environment=str(environment_id))

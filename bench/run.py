@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare, status
+from bench import compare, rooms, status
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -50,6 +50,7 @@ from bench.harness import (
     say,
     thread_cpu_seconds,
 )
+from bench.webhooks import phase_webhooks
 
 RESULTS = BASE_DIR / "bench" / "results"
 P99_LIMIT_MS = 250.0
@@ -778,6 +779,9 @@ TARGETS = {
     "status.notify_p99_ms": ("<=", 100),
     "status.frames_per_watcher_per_change": ("<=", 1.0),
     "status.idle_kb_per_connection": ("<=", 40),
+    "webhooks.events_per_s": (">=", 1000),
+    "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2),
+    **rooms.TARGETS,
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -913,6 +917,9 @@ PHASES = (
     "bigroom",
     "paced",
     "status",
+    "webhooks",
+    "midroom",
+    "hugeroom",
 )
 
 
@@ -1017,6 +1024,12 @@ def main() -> int:
             results.update(compare.phase_paced(world, workdir, sizes))
         if fresh("status"):
             results.update(status.phase_status(world, workdir, mode))
+        if fresh("webhooks"):
+            results.update(phase_webhooks(world, workdir, sizes))
+        if fresh("midroom"):
+            results.update(rooms.phase_midroom(world, workdir, mode, redis_client))
+        if fresh("hugeroom"):
+            results.update(rooms.phase_hugeroom(world, workdir, mode, redis_client))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

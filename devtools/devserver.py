@@ -1,5 +1,8 @@
 """`make run`: an embedded Redis (unless RELAY_REDIS_URL is set), migrations, then Daphne.
 
+With RELAY_REDIS_CLUSTER_NODES set, the channel layer runs on that cluster and presence on the
+single Redis (RELAY_PRESENCE_REDIS_URL, else RELAY_REDIS_URL's: the embedded one by default).
+
 On first start `setupdemo` creates the demo data; once Daphne answers, the URLs to
 open (and any secret just created) are printed together, after the start-up noise.
 Everything it starts is stopped when it stops: Ctrl-C (SIGINT) or SIGTERM ends
@@ -91,11 +94,16 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
     os.environ.setdefault("RELAY_LOG_FORMAT", "console")
     os.environ.setdefault("DEBUG", "1")
+    # A receiver on this machine (docs/webhooks.md's example) is what a first try uses.
+    os.environ.setdefault("RELAY_WEBHOOK_ALLOW_PRIVATE", "1")
     redis_server = None
     if not os.environ.get("RELAY_REDIS_URL"):
         redis_server = EmbeddedRedis().start()
         os.environ["RELAY_REDIS_URL"] = redis_server.url
         print(f"relay: embedded Redis on {redis_server.url} (persistence off)", flush=True)
+    if os.environ.get("RELAY_REDIS_CLUSTER_NODES") and not os.environ.get("RELAY_PRESENCE_REDIS_URL"):
+        # The channel layer is on the cluster; presence needs a single Redis (docs/scaling.md).
+        os.environ["RELAY_PRESENCE_REDIS_URL"] = os.environ["RELAY_REDIS_URL"]
     daphne = None
     try:
         manage("migrate", "--noinput", "-v", "0")

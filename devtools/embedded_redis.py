@@ -43,13 +43,18 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A redis-server child process bound to 127.0.0.1 with persistence off."""
 
-    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, port: int | None = None, extra_args: tuple[str, ...] = (), binary: str | None = None) -> None:
         self.port = port or free_port()
         # More of redis-server's options, e.g. ("--replicaof", "127.0.0.1", "6379").
         self.extra_args = extra_args
-        self.binary = find_redis_server()
+        self.binary = binary or find_redis_server()
         self._dir = tempfile.TemporaryDirectory(prefix="relay-redis-")
         self._process: subprocess.Popen | None = None
+
+    @property
+    def directory(self) -> Path:
+        """Where the server writes (and reads at start) its dump.rdb."""
+        return Path(self._dir.name)
 
     @property
     def url(self) -> str:
@@ -92,6 +97,8 @@ class EmbeddedRedis:
                 try:
                     client.ping()
                     return self
+                except redis.AuthenticationError:
+                    return self  # it answers, and wants a password (`--requirepass`)
                 except redis.ConnectionError:
                     if self._process.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"redis-server did not start on port {self.port}") from None

@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
@@ -30,6 +30,7 @@ from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.loops import PerLoop
 from relay.registry import Connection
+from webhooks import events as webhook_events
 
 logger = logging.getLogger("presence")
 
@@ -41,6 +42,7 @@ ANOTHER_PUBLISHED = "another instance published it"
 NEVER_RETRACTED = "its last online was never retracted (the instance that held it died)"
 VANISHED = "key vanished under a live connection; re-electing"
 EPOCH_CHANGED = "redis lost its data since the close; asking again after a refresh"
+SUPERSEDED = "its publish failed and the user's state has changed since"
 
 Subject = tuple[str, str]
 
@@ -75,14 +77,18 @@ class Held:
         """The ids of the connections whose election has been answered."""
         return [connection_id for connection_id in self.connections if connection_id not in self.admitting]
 
-    def reaped(self, channels: Iterable[str]) -> list[str]:
-        """The channels kept beside the deadline, where the reaper's `offline` goes: none while
-        invisible (everyone else was told `offline` already, and the user's own connections are gone)."""
-        return [] if self.invisible else sorted(channels)
-
     def channels(self) -> set[str]:
         """The user's channels, as their newest connection knows them."""
         return set(next(reversed(self.connections.values()), set()))
+
+
+@dataclass(frozen=True)
+class Owed:
+    """A transition decided here whose publish failed: sent again until it lands or is superseded."""
+
+    state: State
+    channels: list[str]
+    transition_id: str
 
 
 def _group_sends(
@@ -103,10 +109,11 @@ def _group_sends(
     ]
 
 
-def _published(user_id: str, state: State, channels: int) -> None:
+def _published(environment_id: str, user_id: str, state: State, channels: int, last_seen_ms: int | None = None) -> None:
     metrics.presence_published(state).inc()
     # `channels` is a count: the list would be a membership graph in a log file.
     log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
+    webhook_events.send_presence_signal(environment_id, user_id, state, last_seen_ms)
 
 
 def suppressed(user_id: str, state: State, reason: str) -> None:
@@ -136,26 +143,29 @@ class PresenceService:
         self.pending: dict[Subject, Timer] = {}
         self.closed = False
         # Two rounds: a long reaper pass (a dead peer's thousands of users) never delays this
-        # instance's own refresh past the TTL. Each stops when the instance holds nobody: every
-        # live watcher is held by some instance, and that instance's reaper tells them about a
-        # dead peer's users.
+        # instance's own refresh past the TTL. Each stops when the instance holds nobody and owes
+        # no publish: every live watcher is held by some instance, and that instance's reaper
+        # tells them about a dead peer's users.
         self.refresher = self._every_interval("refresh", self._refresh)
         self.reaper = self._every_interval("reap", self._reap)
-        # The reaper's `offline`s decided on a separate presence Redis and not yet published.
-        self._unpublished: list[tuple[str, str, list[str]]] = []
+        # Per user, the newest transition decided here whose publish failed (a separate presence
+        # Redis: the layer's publish comes after the script's decision and can fail on its own).
+        self._owed: dict[Subject, Owed] = {}
         # Resolved when the refresh in flight (if any) has been answered by Redis.
         self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
 
     # ── connections ──────────────────────────────────────────────────────────
-    async def connect(self, conn: Connection, watch: Sequence[str]) -> list[str] | None:
+    async def connect(
+        self, conn: Connection, watch: Sequence[str], large: Collection[str] = ()
+    ) -> tuple[list[str], dict[str, int]] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
-        Returns which of `watch` are online, read in the same round trip after the election
-        (None when Redis did not answer). Raises ConnectionRefused(4429) when the user already
-        holds the maximum of connections anywhere; nothing is changed then. With Redis
-        unreachable the connection is admitted (presence must not take sockets down with it)
-        and the refresh announces it later.
+        Returns which of `watch` are online and how many are in each `large` channel, read in
+        the same round trip after the election (None when Redis did not answer). Raises
+        ConnectionRefused(4429) when the user already holds the maximum of connections
+        anywhere; nothing is changed then. With Redis unreachable the connection is admitted
+        (presence must not take sockets down with it) and the refresh announces it later.
         """
         subject = (conn.environment_id, conn.user_id)
         # Registered before the await, so a close of another local connection racing this one
@@ -175,7 +185,13 @@ class PresenceService:
         held.admitting.add(conn.connection_id)
         try:
             election = await self.store.elect(
-                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or (), held.reaped(channels)
+                conn.environment_id,
+                conn.user_id,
+                conn.connection_id,
+                watch,
+                publish or (),
+                channels,
+                large,
             )
         finally:
             held.admitting.discard(conn.connection_id)
@@ -191,14 +207,17 @@ class PresenceService:
             raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.close_owed = False
         held.confirmed = True
-        held.written = frozenset(held.reaped(channels))
+        held.written = frozenset(channels)
         if not election.won:
             suppressed(conn.user_id, "online", NEVER_RETRACTED if election.unretracted else ALREADY_ONLINE)
         elif publish is not None:
-            _published(conn.user_id, "online", len(channels))
+            self._owed.pop(subject, None)
+            _published(conn.environment_id, conn.user_id, "online", len(channels))
         else:
-            await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id, held.invisible)
-        return election.online
+            await self.publish(
+                conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
+            )
+        return election.online, election.occupancy
 
     async def disconnect(self, conn: Connection) -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
@@ -225,6 +244,9 @@ class PresenceService:
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
+            if epoch is not None:
+                # Like the key, the user's entries in their channels' online sets last the grace.
+                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.grace)
             # Written at the close rather than at the decision: the last close anywhere is the
             # last write, and a watcher that asks right after hearing `offline` finds it.
             self.spawn(self._last_seen([subject], time.time()))
@@ -241,13 +263,17 @@ class PresenceService:
         return True
 
     # ── the grace check ──────────────────────────────────────────────────────
-    def _arm_grace_check(self, subject: Subject, epoch: str | None, delay_ms: int | None = None) -> None:
+    def _arm_grace_check(
+        self, subject: Subject, epoch: str | None, delay_ms: int | None = None, last_seen_ms: int | None = None
+    ) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
         previous = self.pending.pop(subject, None)
         if previous is not None:
             previous.cancel()
-        check = functools.partial(self._grace_check, subject, epoch)
+        # When the user was last seen (their last close here), for `user.offline`'s webhook.
+        last_seen_ms = last_seen_ms or int(time.time() * 1000)
+        check = functools.partial(self._grace_check, subject, epoch, last_seen_ms)
         delay = self.timings.check_delay if delay_ms is None else delay_ms
         self.pending[subject] = self.clock.call_later(delay / 1000, functools.partial(self._fire, subject, check))
 
@@ -263,7 +289,7 @@ class PresenceService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject, epoch: str | None) -> None:
+    async def _grace_check(self, subject: Subject, epoch: str | None, last_seen_ms: int | None = None) -> None:
         environment_id, user_id = subject
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
@@ -274,15 +300,15 @@ class PresenceService:
             hidden = await read_invisible(environment_id, user_id)
         except Exception as error:
             record_failure("grace_check:channels", error)
-            self._check_again(subject, epoch)
+            self._check_again(subject, epoch, last_seen_ms)
             return
         transition_id = str(uuid.uuid4())
         publish = self._script_publishes("offline", user_id, ordered, transition_id, hidden)
-        reply = await self.store.grace_check(environment_id, user_id, epoch, publish or ())
+        reply = await self.store.grace_check(environment_id, user_id, epoch, publish or (), ordered, last_seen_ms)
         if reply is None:
             # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
             # a Redis blip at this moment would otherwise leave the user online for good.
-            self._check_again(subject, epoch)
+            self._check_again(subject, epoch, last_seen_ms)
             return
         outcome, now = reply
         if outcome == 3:
@@ -290,20 +316,23 @@ class PresenceService:
             # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
             # in the new epoch.
             suppressed(user_id, "offline", EPOCH_CHANGED)
-            self._check_again(subject, now)
+            self._check_again(subject, now, last_seen_ms)
         elif outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
         elif outcome == 1 and publish is not None:
-            _published(user_id, "offline", len(ordered))
+            self._owed.pop(subject, None)
+            _published(environment_id, user_id, "offline", len(ordered), last_seen_ms)
         elif outcome == 1:
-            await self.publish(environment_id, user_id, "offline", ordered, transition_id, hidden)
+            await self.publish(environment_id, user_id, "offline", ordered, transition_id, last_seen_ms, hidden)
+        if outcome == 1:
+            await self.store.channels_gone([(user_id, ordered)])
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
 
-    def _check_again(self, subject: Subject, epoch: str | None) -> None:
+    def _check_again(self, subject: Subject, epoch: str | None, last_seen_ms: int | None = None) -> None:
         """Run the grace check again one refresh interval on, unless a newer close armed its own."""
         if subject not in self.pending and subject not in self.held and not self.closed:
-            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin)
+            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin, last_seen_ms)
 
     async def _last_seen(self, subjects: list[Subject], closed_at: float) -> None:
         """Keep when these users were last seen (durable: docs/contract.md, Rich presence)."""
@@ -326,14 +355,15 @@ class PresenceService:
             # Redis faults are handled inside; this is the net that keeps one unexpected error
             # from ending refresh or reaping for good.
             failed=functools.partial(record_failure, name),
-            wanted=lambda: bool(self.held) and not self.closed,
+            wanted=lambda: bool(self.held or self._owed) and not self.closed,
         )
 
     async def _refresh(self) -> None:
+        await self._retry_owed()
         snapshot = {}
         for subject, held in self.held.items():
             if admitted := held.admitted():
-                channels = frozenset(held.reaped(held.channels()))
+                channels = frozenset(held.channels())
                 snapshot[member(*subject)] = (subject, held, admitted, channels)
         if not snapshot:
             return
@@ -341,9 +371,14 @@ class PresenceService:
             (name, None if held.written == channels else sorted(channels), admitted)
             for name, (_, held, admitted, channels) in snapshot.items()
         ]
+        seen: dict[str, list[str]] = {}
+        for (_, user_id), _, _, channels in snapshot.values():
+            for channel_id in channels:
+                seen.setdefault(channel_id, []).append(user_id)
         self._refreshing = asyncio.get_running_loop().create_future()
         try:
             reply = await self.store.refresh(sent)
+            await self.store.channels_seen(seen, self.timings.ttl)
         finally:
             self._refreshing.set_result(None)
             self._refreshing = None
@@ -361,6 +396,7 @@ class PresenceService:
             # announced (Redis was down at connect), watchers must hear `online` to converge.
             if (had_marker or not held.confirmed) and not self.closed:
                 await self.publish(*subject, "online", held.channels(), hidden=held.invisible)
+                await self.store.write_event(*subject, "online", held.channels())
         for _, held, _, _ in snapshot.values():
             held.confirmed = True
 
@@ -371,32 +407,69 @@ class PresenceService:
             reaped = await self.store.reap(prefix)
             if reaped is None:
                 return
+            unpublished = []
+            # The channels' online sets need nothing here: a reaped user's entries were last
+            # renewed a TTL + grace ago, so they have expired already.
             departed: list[Subject] = []
             for name, won, channels in reaped.decided:
-                environment_id, user_id = split_member(name)
+                subject = split_member(name)
                 if not won:
-                    suppressed(user_id, "offline", ANOTHER_PUBLISHED)
+                    suppressed(subject[1], "offline", ANOTHER_PUBLISHED)
                     continue
-                departed.append((environment_id, user_id))
+                departed.append(subject)
                 if prefix is not None:
-                    _published(user_id, "offline", len(channels))
+                    self._owed.pop(subject, None)
+                    _published(*subject, "offline", len(channels))
                 else:
-                    self._unpublished.append((environment_id, user_id, channels))
+                    unpublished.append((subject, Owed("offline", channels, str(uuid.uuid4()))))
             if departed:
                 # Their holder died silently: the deadline passed just now, so "last seen" is about
                 # now. Written beside the reaping, never in its way.
                 self.spawn(self._last_seen(departed, time.time()))
-            await self._publish_unpublished()
+            await self._publish_in_turn(unpublished)
             if reaped.due < REAP_BATCH:
                 return
 
-    async def _publish_unpublished(self) -> None:
-        """Publish the reaper's `offline`s through the layer (a separate presence Redis); a failed one is retried."""
-        pending, self._unpublished = self._unpublished, []
-        for index, (environment_id, user_id, channels) in enumerate(pending):
-            if not await self.publish(environment_id, user_id, "offline", channels):
-                self._unpublished.extend(pending[index:])
+    async def _publish_in_turn(self, transitions: list[tuple[Subject, Owed]]) -> None:
+        """Publish each through the layer; after a failure the rest are owed without trying (one timeout, not n)."""
+        for index, (subject, owed) in enumerate(transitions):
+            if not await self.publish(*subject, owed.state, owed.channels, owed.transition_id):
+                for later, rest in transitions[index + 1 :]:
+                    self._owe(later, rest)
                 return
+
+    def _owe(self, subject: Subject, owed: Owed) -> None:
+        self._owed[subject] = owed
+        self._ensure_ticker()
+
+    async def _retry_owed(self) -> None:
+        """Publish each owed transition again while Redis still says it is the user's state.
+
+        Checked first, because the publish comes too late otherwise: an `online` owed to a user
+        who has left since (or an `offline` to one who came back, through another instance)
+        would put watchers in a state that no longer holds. The same transition id as the failed
+        try, so a watcher that got part of it drops the copy. Same check as a separate presence
+        Redis allows (not atomic with the publish): a change between the two is followed by its
+        own transition.
+        """
+        owed = dict(self._owed)
+        users: dict[str, list[str]] = {}
+        for environment_id, user_id in owed:
+            users.setdefault(environment_id, []).append(user_id)
+        for environment_id, user_ids in users.items():
+            online = await self.store.online(environment_id, user_ids)
+            if online is None:
+                return  # logged by the store; asked again next interval
+            for user_id in user_ids:
+                subject = (environment_id, user_id)
+                entry = owed[subject]
+                if self._owed.get(subject) is not entry:
+                    continue  # a newer transition of the user was decided meanwhile
+                if (user_id in online) != (entry.state == "online"):
+                    del self._owed[subject]
+                    suppressed(user_id, entry.state, SUPERSEDED)
+                    continue
+                await self.publish(environment_id, user_id, entry.state, entry.channels, entry.transition_id)
 
     # ── publishing ───────────────────────────────────────────────────────────
     async def publish(
@@ -406,23 +479,31 @@ class PresenceService:
         state: State,
         channel_ids: Iterable[str],
         transition_id: str | None = None,
+        last_seen_ms: int | None = None,
         hidden: bool = False,
     ) -> bool:
         """Send one transition, its id minted once, to the group of each of the user's channels.
 
-        Returns whether it went out (a failure is logged as `presence.failed`).
+        Returns whether it went out. A failure is logged as `presence.failed` and the transition
+        owed: the refresh publishes it again until it lands, or a newer one of the user's
+        supersedes it.
         """
         if self.closed:
             return False
+        subject = (environment_id, user_id)
         channels = sorted(channel_ids)
-        sends = _group_sends(user_id, state, channels, transition_id or str(uuid.uuid4()), hidden)
+        transition_id = transition_id or str(uuid.uuid4())
+        # This is now the user's newest transition here: an older one owed is superseded.
+        self._owed.pop(subject, None)
+        sends = _group_sends(user_id, state, channels, transition_id, hidden)
         try:
             # One pipelined round trip for all of the user's channels.
             await channel_layer().group_send_many(sends)
         except Exception as error:
             record_failure("publish", error)
+            self._owe(subject, Owed(state, channels, transition_id))
             return False
-        _published(user_id, state, len(channels))
+        _published(environment_id, user_id, state, len(channels), last_seen_ms)
         return True
 
     def _script_publishes(

@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
-from presence.queries import is_invisible
+from presence.queries import is_invisible, large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
 from presence.scripts import ANNOUNCE, presence_key
 from presence.store import record_failure
@@ -45,6 +45,9 @@ def member_added(
     channel_id = str(channel.id)
     if is_invisible(str(channel.environment_id), user.external_id):
         return  # they look offline to the channel's members
+    if large_channel_ids([channel_id]):
+        # Counted, not named: the instances' next recheck sends the channel's new count.
+        return
     # Those who shared no other channel with the user: the others already hear their transitions.
     watchers = members_newly_seeing(str(channel.environment_id), user, channel_id, membership_id)
     if not watchers:

@@ -19,11 +19,17 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from presence import actions
 from presence.fabric import GROUP_PREFIX, Dedup, StatusChange, Transition, parse_fabric, subject_of
+from presence.queries import large_channel_ids
 from relay import metrics
-from relay.frames import PresenceChanged, PresenceStatus
+from relay.clock import LoopClock, Periodic
+from relay.frames import PresenceChanged, PresenceOccupancy, PresenceStatus
 from relay.layer import channel_layer
 from relay.logging import log_event
 from relay.loops import PerLoop
@@ -34,6 +40,14 @@ logger = logging.getLogger("presence")
 # The copies of one group message reach every local member within milliseconds.
 INVALID_COPY_WINDOW_SECONDS = 1.0
 INVALID_SEEN_MAX = 256
+# A large channel's occupancy goes out at most once a second (docs/contract.md, Large rooms).
+OCCUPANCY_INTERVAL_SECONDS = 1.0
+# A count read right after a transition could miss the set's update that follows the decision
+# (an `offline`'s removal is a second round trip): the first read waits this long.
+OCCUPANCY_SETTLE_SECONDS = 0.2
+
+# Not in the thread every other database call shares, like the grace check's read.
+read_large_channel_ids = database_sync_to_async(large_channel_ids, thread_sensitive=False)
 
 # Where a connection keeps its `Dedup`, set when it is admitted.
 STATE_KEY = "presence"
@@ -58,6 +72,8 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
     if isinstance(transition, StatusChange):
         await _deliver_status(conn, transition, dedup)
         return
+    if transition.channel in fanout().large:
+        return  # counted, not told: the fan-out sends the channel's occupancy
     # A copy queued before a membership removal must not slip through after it.
     if transition.channel not in conn.channel_ids:
         return
@@ -106,6 +122,19 @@ class Fanout:
         self.claimed = False
         self._task: asyncio.Task | None = None
         self._invalid_seen: dict[int, float] = {}
+        # The large channels of this instance's connections: their transitions become counts.
+        self.large: set[str] = set()
+        self._occupancy_due: dict[str, asyncio.TimerHandle] = {}
+        self._occupancy_sent_at: dict[str, float] = {}
+        self._occupancy_sent: dict[str, int] = {}
+        self.rechecks = Periodic(
+            self.recheck,
+            interval=lambda: settings.RELAY_PRESENCE_REFRESH_MS / 1000,
+            # The loop's own time: a test's manual presence clock drives grace checks, not this.
+            clock=LoopClock,
+            failed=self._recheck_failed,
+            wanted=lambda: bool(self.watchers),
+        )
 
     def live(self, conn: Connection) -> None:
         """`conn` has its snapshot: transitions may be written to it directly from now on."""
@@ -113,6 +142,7 @@ class Fanout:
             self.layer.claim_groups(GROUP_PREFIX, self.received)
             self.claimed = True
         self.watchers[conn.channel_name] = conn
+        self.rechecks.start()
 
     def gone(self, conn: Connection) -> None:
         """`conn` is closing: nothing more is written to it from here."""
@@ -148,6 +178,10 @@ class Fanout:
         """Write one transition to each member, or queue it behind what the member has queued."""
         # Validated once, when a member first needs it.
         transition = functools.cache(functools.partial(parse_fabric, message))
+        if self.large and isinstance(parsed := transition(), Transition) and parsed.channel in self.large:
+            # O(1) per transition whatever the channel's size: a count, sent at most once a second.
+            self.occupancy_changed(parsed.channel)
+            return
         for channel in members:
             conn = self.watchers.get(channel)
             if conn is None or self.layer.backlog(channel):
@@ -160,6 +194,75 @@ class Fanout:
                 # only: a write's error may quote the frame it could not send.
                 metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
                 log_event(logger, "presence.failed", logging.ERROR, op="deliver", error=type(error).__name__)
+
+    # ── large channels: occupancy instead of people ──────────────────────────
+    def modes(self, channel_ids: Collection[str], large: Collection[str]) -> None:
+        """What a connect's database hop found of its channels: which are large now."""
+        self.large.difference_update(set(channel_ids) - set(large))
+        self.large.update(large)
+
+    def occupancy_changed(self, channel_id: str) -> None:
+        """A transition in a large channel: send its count, at most once a second, the last one always."""
+        if channel_id in self._occupancy_due:
+            return  # the pending send reads the count when it goes
+        wait = self._occupancy_sent_at.get(channel_id, 0.0) + OCCUPANCY_INTERVAL_SECONDS - time.monotonic()
+        loop = asyncio.get_running_loop()
+        self._occupancy_due[channel_id] = loop.call_later(
+            max(wait, OCCUPANCY_SETTLE_SECONDS), lambda: asyncio.ensure_future(self._send_occupancy([channel_id]))
+        )
+
+    async def _send_occupancy(self, channel_ids: list[str], always: bool = False) -> None:
+        for channel_id in channel_ids:
+            self._occupancy_due.pop(channel_id, None)
+            self._occupancy_sent_at[channel_id] = time.monotonic()
+        counts = await actions.service().store.occupancy(channel_ids)
+        if counts is None:
+            return  # logged by the store; the next recheck sends it
+        for channel_id, count in counts.items():
+            if not always and self._occupancy_sent.get(channel_id) == count:
+                continue
+            self._occupancy_sent[channel_id] = count
+            frame = PresenceOccupancy(channel=channel_id, online=count)
+            await self._to_watchers(channel_id, "presence.occupancy", [frame])
+
+    async def _to_watchers(self, channel_id: str, frame_type: str, payloads: list) -> None:
+        for conn in list(self.watchers.values()):
+            if channel_id not in conn.channel_ids:
+                continue
+            try:
+                for payload in payloads:
+                    await conn.send_frame(frame_type, payload)
+            except Exception as error:
+                metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
+                log_event(logger, "presence.failed", logging.ERROR, op="deliver", error=type(error).__name__)
+
+    def _recheck_failed(self, error: Exception) -> None:
+        metrics.PRESENCE_FAILURES.labels(op="recheck").inc()
+        log_event(logger, "presence.failed", logging.ERROR, op="recheck", error=type(error).__name__)
+
+    async def recheck(self) -> None:
+        """Once a refresh interval: switch channels that crossed the threshold, and resend changed counts.
+
+        A channel that became large gets its count; one that became small gets an `online` per
+        member online now (the watchers knew only the count). Counts are sent again when they
+        changed without a transition this instance heard (an entry expiring after a crash).
+        """
+        local = {channel_id for conn in list(self.watchers.values()) for channel_id in conn.channel_ids}
+        if not local:
+            return
+        large = await read_large_channel_ids(local)
+        now_small = (self.large & local) - large
+        now_large = large - self.large
+        self.large = (self.large - local) | large
+        for channel_id in now_small:
+            self._occupancy_sent.pop(channel_id, None)
+            members = await actions.service().store.channel_members(channel_id)
+            frames = [PresenceChanged(user=user_id, state="online") for user_id in sorted(members or ())]
+            await self._to_watchers(channel_id, "presence.changed", frames)
+        if now_large:
+            await self._send_occupancy(sorted(now_large), always=True)
+        if steady := sorted(large - now_large):
+            await self._send_occupancy(steady)
 
 
 # The presence fan-out of the running event loop.

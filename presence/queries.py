@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 from django.db import connection
 
 from presence.models import UserStatus
-from relay.models import Channel, Membership, User
+from relay.models import Channel, Environment, Membership, User
 from relay.queries import db_uuid, placeholders, uuid_text
 
 _USER = User._meta.db_table
 _MEMBERSHIP = Membership._meta.db_table
 _CHANNEL = Channel._meta.db_table
+_ENVIRONMENT = Environment._meta.db_table
 
 
 def channel_ids_of_member(environment_id: str, external_id: str) -> set[str]:
@@ -84,6 +85,25 @@ def co_members_in(
 def co_member_external_ids(environment_id: uuid.UUID | str, channel_ids: Collection[str]) -> set[str]:
     """The external ids of the environment's users who are members of any of `channel_ids`."""
     return co_members_in(members_of_channels(channel_ids), environment_id, channel_ids)
+
+
+def large_channel_ids(channel_ids: Collection[str]) -> set[str]:
+    """Those of `channel_ids` with more members than their environment's `large_room_members`: one query.
+
+    Counted on the membership index in the database; nothing in the instance or in Redis grows
+    with the channel.
+    """
+    if not channel_ids:
+        return set()
+    sql = (
+        f'SELECT m."channel_id" FROM "{_MEMBERSHIP}" m JOIN "{_CHANNEL}" c ON c."id" = m."channel_id" '
+        f'JOIN "{_ENVIRONMENT}" e ON e."id" = c."environment_id" '
+        f'WHERE m."channel_id" IN ({placeholders(len(channel_ids))}) '
+        f'GROUP BY m."channel_id", e."large_room_members" HAVING COUNT(*) > e."large_room_members"'
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [db_uuid(channel_id, cursor.db) for channel_id in channel_ids])
+        return {uuid_text(channel_id) for (channel_id,) in cursor.fetchall()}
 
 
 def is_invisible(environment_id: str, external_id: str) -> bool:

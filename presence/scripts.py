@@ -27,6 +27,9 @@ before adding a command to it. The async client that calls them is presence/stor
 
 import uuid
 
+from presence.keys import channel_tag
+from webhooks.stream import LUA_BUCKET
+
 DEADLINES = "presence:deadlines"
 EPOCH = "presence:epoch"
 
@@ -62,6 +65,15 @@ def channels_key(environment_id: str, user_id: str) -> str:
     return f"presence:channels:{member(environment_id, user_id)}"
 
 
+def channel_online_key(channel_id: str) -> str:
+    """The sorted set of the channel's online members (user ids; score = until when, Redis ms).
+
+    Kept by CHANNEL_SEEN, a script of this channel alone (its hash tag), so who is online in a
+    channel is one read instead of one per member.
+    """
+    return f"presence:online:{channel_tag(channel_id)}"
+
+
 def fresh_epoch() -> str:
     """A new epoch id, written by the script that finds none."""
     return uuid.uuid4().hex
@@ -81,6 +93,14 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 # The epoch of the data Redis holds: written (from the caller's fresh id) when missing, so the
 # first script to find Redis emptied starts a new one. `epoch_key` and `fresh` are Lua expressions.
+#
+# The epoch's TTL: every REFRESH renews it (presence/store.py's `Timings.epoch_ttl`, shorter than
+# any deadline is long), and ADMIT gives one to an epoch that has none (the TTL: the first
+# deadline outlasts it) before it writes a deadline, so no deadline stands in Redis beside an
+# epoch without a TTL. It outlives no live instance, and survives no old dump: an RDB or AOF
+# restored from before the TTL brings back stale keys and deadlines but no epoch; the first
+# script starts a new one, and the reaper and grace checks treat the old data as lost (they
+# wait a refresh for the live holders) instead of deciding `offline` for connected users.
 #
 # Equivalent Python:
 #
@@ -105,10 +125,13 @@ end
 # the connection's snapshot needs. The limit, the election, the winner's `online` and the
 # snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
 # user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
-# user's last `online` was never retracted: nothing to publish).
+# user's last `online` was never retracted: nothing to publish). Webhooks: with a 7th key (the
+# user's bucket stream, webhooks/stream.py), the winner's `user.online` is XADDed there too.
 #
 # Equivalent Python:
 #
+#     if not redis[epoch_key].has_expiry():
+#         redis[epoch_key].expire(ttl)                     # until the next refresh renews it
 #     conns = {c: expiry for c, expiry in conns.items() if expiry > now}
 #     if len(conns) >= max:
 #         return [0, 0]                                    # refused: 4429
@@ -122,6 +145,8 @@ end
 #             del redis[marker]
 #             for channel, payload in publish:
 #                 redis.publish(channel, payload)
+#             if stream:                                   # webhooks: the event, with the decision
+#                 redis.xadd(stream, t="user.online", e=env, u=user, c=channel_ids)
 #     else:
 #         won = 0
 #         redis[key].expire(ttl)                           # undo a close's re-pin to the grace
@@ -133,6 +158,11 @@ ADMIT = (
     + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
     + """
 local ttl = tonumber(ARGV[2])
+-- The epoch's TTL, from the first deadline on (begin)
+if redis.call('PTTL', KEYS[6]) == -1 then
+  redis.call('PEXPIRE', KEYS[6], ttl)
+end
+-- (end)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
   return {0, 0}
@@ -153,6 +183,11 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
     redis.call('DEL', KEYS[3])
     for i = 10, 9 + 2 * tonumber(ARGV[9]), 2 do
       redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+    end
+    -- webhooks: the event, atomic with the decision
+    if KEYS[7] then
+      redis.call('XADD', KEYS[7], '*', 't', 'user.online', 'e', ARGV[6],
+        'u', string.sub(ARGV[5], #ARGV[6] + 2), 'c', ARGV[8])
     end
   end
 else
@@ -227,7 +262,9 @@ return epoch
 # (or the reaper) already did, {3, epoch} = Redis lost its data since the close (the epoch
 # differs): decide nothing now, since the live holders re-elect the key at their next refresh.
 # The winner takes the user's deadline: a deadline only stands while the last word said of the
-# user is `online` (ADMIT relies on it).
+# user is `online` (ADMIT relies on it). Webhooks: with a 6th key (the user's bucket stream), ARGV
+# 5 and 6 are the user's channel ids (comma-separated) and when they were last seen (unix ms),
+# the pairs follow, and the winner's `user.offline` is XADDed there too.
 #
 # Equivalent Python:
 #
@@ -238,6 +275,8 @@ return epoch
 #     if marker not in redis:
 #         redis[marker] = expiring(marker_ttl)
 #         del deadlines[member], redis[channels]
+#         if stream:                                       # webhooks: the event, with the decision
+#             redis.xadd(stream, t="user.offline", e=env, u=user, c=channel_ids, l=last_seen)
 #         for channel, payload in publish:
 #             redis.publish(channel, payload)
 #         return [1]
@@ -254,7 +293,14 @@ end
 if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
   redis.call('ZREM', KEYS[3], ARGV[2])
   redis.call('DEL', KEYS[4])
-  for i = 5, #ARGV, 2 do
+  local first = 5
+  -- webhooks: the event, atomic with the decision
+  if KEYS[6] then
+    first = 7
+    redis.call('XADD', KEYS[6], '*', 't', 'user.offline', 'e', string.sub(ARGV[2], 1, 36),
+      'u', string.sub(ARGV[2], 38), 'c', ARGV[5], 'l', ARGV[6])
+  end
+  for i = first, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
   return {1}
@@ -293,15 +339,17 @@ return 1
 # This script is delicate and performance-sensitive: one call carries every user the instance
 # holds, so it holds Redis for as long as that list takes.
 #
-# KEYS: deadlines, epoch. ARGV: ttl, grace, fresh epoch, then per held user: member, "=" and the
-# user's channel ids (comma-separated) when they changed since this instance last wrote them or
-# "" when not, n, n connection ids. One round trip per instance per interval. Returns
+# KEYS: deadlines, epoch. ARGV: ttl, grace, fresh epoch, epoch ttl, then per held user: member,
+# "=" and the user's channel ids (comma-separated) when they changed since this instance last
+# wrote them or "" when not, n, n connection ids. One round trip per instance per interval.
+# Every refresh renews the epoch's TTL (see "The epoch's TTL" below). Returns
 # {{member, had_marker, ...}, {member, ...}}: the keys found missing under a live connection
 # (a Redis restart or eviction), which are re-elected, and the users whose channels are missing
 # from Redis (the caller sends them next time).
 #
 # Equivalent Python:
 #
+#     redis[epoch_key].expire(epoch_ttl)
 #     vanished, unwritten = [], []
 #     for member, channels, connection_ids in held:
 #         if f"presence:{member}" in redis:
@@ -325,9 +373,12 @@ REFRESH = (
     + """
 local ttl = tonumber(ARGV[1])
 local grace = tonumber(ARGV[2])
+-- The epoch's TTL, renewed by every live instance (begin)
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+-- (end)
 local vanished = {}
 local unwritten = {}
-local i = 4
+local i = 5
 while i <= #ARGV do
   local name = ARGV[i]
   local count = tonumber(ARGV[i + 2])
@@ -361,16 +412,20 @@ return {vanished, unwritten}
 # This script is delicate and performance-sensitive: it decides `offline` for users nobody
 # holds any more, and one call takes up to a batch of them (presence/store.py's REAP_BATCH).
 #
-# KEYS: deadlines, epoch. ARGV: marker ttl, grace, batch, refresh, fresh epoch, a uuid4 the
+# KEYS: deadlines, epoch. ARGV: marker ttl, grace, batch, the wait for the live holders (two
+# refresh intervals), fresh epoch, a uuid4 the
 # transition ids are made from, the Redis channel prefix of the presence groups ("" when the
 # groups live on another Redis). Takes due deadlines (their holder stopped refreshing: a dead
 # instance) and elects one publisher of `offline` per user through the same marker as the grace
 # check, so a reaper and a grace check never both publish; with a prefix, the winner's `offline`
 # is PUBLISHed here, to the channels kept beside the deadline, so no `online` of a reconnect can
 # fall between the decision and the publish. A deadline written in another epoch than Redis's
-# waits one refresh interval (the live holders re-elect first). The message is the channel
+# waits for the live holders to re-elect first. The message is the channel
 # layer's own encoding (msgpack) of `presence.fabric.transition_message`.
-# Returns {due, member, won, channel ids (comma-separated), ...}.
+# Returns {due, member, won, channel ids (comma-separated), ...}. Webhooks: with every bucket's
+# stream as KEYS 3 on, ARGV 8 the environments that listen (comma-separated) and ARGV 9 the TTL,
+# a winner of a listening environment has its `user.offline` XADDed to its bucket's stream (the
+# bucket computed in Lua as presence/keys.py does).
 #
 # Equivalent Python:
 #
@@ -381,7 +436,7 @@ return {vanished, unwritten}
 #         if f"presence:{member}" in redis:                # still held, or pinned by a close
 #             deadlines[member] = now + max(redis[f"presence:{member}"].pttl(), 0) + grace
 #         elif info.get("e") not in (None, epoch):         # written before Redis lost its data
-#             deadlines[member] = now + refresh
+#             deadlines[member] = now + wait
 #             info["e"] = epoch
 #         else:
 #             del deadlines[member], redis[f"presence:channels:{member}"]
@@ -391,10 +446,14 @@ return {vanished, unwritten}
 #                 if prefix:
 #                     for channel in info.get("c", "").split(","):
 #                         redis.publish(prefix + channel, offline_message(member, channel))
+#                 if env in listening:                     # webhooks: the event, with the decision
+#                     redis.xadd(streams[user_bucket(env, user)], t="user.offline", e=env, u=user,
+#                                c=info.get("c", ""), l=deadline - ttl - grace)
 #             decided += [member, won, info.get("c", "")]
 #     return [len(due), *decided]
 REAP = (
-    _NOW
+    LUA_BUCKET
+    + _NOW
     + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[5]")
     + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
@@ -402,6 +461,10 @@ local prefix = ARGV[7]
 local base = string.sub(ARGV[6], 1, 28)
 local made = 0
 local decided = {#due}
+local listening = {}
+for environment in string.gmatch(ARGV[8] or '', '[^,]+') do
+  listening[environment] = true
+end
 for _, name in ipairs(due) do
   local pttl = redis.call('PTTL', 'presence:' .. name)
   local info = 'presence:channels:' .. name
@@ -414,6 +477,9 @@ for _, name in ipairs(due) do
     redis.call('HSET', info, 'e', epoch)
   else
     local csv = redis.call('HGET', info, 'c') or ''
+    local environment = string.sub(name, 1, 36)
+    -- webhooks: a deadline is the last refresh + TTL + grace, so it says when they were last seen
+    local deadline = listening[environment] and tonumber(redis.call('ZSCORE', KEYS[1], name))
     redis.call('ZREM', KEYS[1], name)
     redis.call('DEL', info)
     local won = 0
@@ -433,6 +499,12 @@ for _, name in ipairs(due) do
             channel = channel, copies = #channels}))
         end
       end
+      -- webhooks: the event, atomic with the decision
+      if deadline then
+        local last_seen = deadline - tonumber(ARGV[9]) - tonumber(ARGV[2])
+        redis.call('XADD', KEYS[3 + webhook_bucket(name, #KEYS - 2)], '*', 't', 'user.offline',
+          'e', environment, 'u', string.sub(name, 38), 'c', csv, 'l', string.format('%d', last_seen))
+      end
     end
     table.insert(decided, name)
     table.insert(decided, won)
@@ -440,5 +512,49 @@ for _, name in ipairs(due) do
   end
 end
 return decided
+"""
+)
+
+
+# ── a channel's online members ───────────────────────────────────────────────
+
+# This script is performance-sensitive: every connect runs it once per channel of the user, and
+# every refresh once per channel of the users the instance holds. It touches the one key of one
+# channel (cluster-ready: declared in KEYS, the channel's hash tag).
+#
+# KEYS: the channel's online set. ARGV: for how long (ms from now) the users count as online,
+# what to answer ("members": the online user ids, "count": how many, "": nothing), then the user
+# ids seen online. A score is an expiry, renewed by the refresh, so an entry that no `offline`
+# removed (an instance died between the user's script and this one) goes by itself; GT keeps a
+# longer pin (a close's grace) from being shortened by a connect or refresh elsewhere.
+#
+# Equivalent Python:
+#
+#     online = {u: until for u, until in online.items() if until > now}
+#     for user in users:
+#         online[user] = max(online.get(user, 0), now + for_ms)
+#     online.expire(max(online.pttl(), for_ms))
+#     if answer == "members":
+#         return list(online)
+#     if answer == "count":
+#         return len(online)
+#     return 0
+CHANNEL_SEEN = (
+    _NOW
+    + """
+local for_ms = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 3, #ARGV do
+  redis.call('ZADD', KEYS[1], 'GT', now + for_ms, ARGV[i])
+end
+if redis.call('PTTL', KEYS[1]) < for_ms then
+  redis.call('PEXPIRE', KEYS[1], for_ms)
+end
+if ARGV[2] == 'members' then
+  return redis.call('ZRANGE', KEYS[1], 0, -1)
+elseif ARGV[2] == 'count' then
+  return redis.call('ZCARD', KEYS[1])
+end
+return 0
 """
 )

@@ -401,11 +401,9 @@ async def set_status(
     """Store a set, refresh the cache and announce it; raise Forbidden (nothing changed)."""
     change = await write_status_async(environment_id, user, payload, None if channels is None else list(channels))
     held = actions.service().held.get((environment_id, user.external_id))
-    if held is not None and held.invisible != change.after.invisible:
-        # A re-election after Redis lost the key announces `online` to whom the user is visible,
-        # and the reaper's `offline` goes to the channels the refresh writes next.
+    if held is not None:
+        # A re-election after Redis lost the key announces `online` to whom the user is visible.
         held.invisible = change.after.invisible
-        held.written = None
     idle = await _cache_and_idle(environment_id, user.external_id, change.after)
     await announce_change(environment_id, user.external_id, change, idle)
     return change.after, idle

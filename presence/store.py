@@ -6,11 +6,12 @@ at most for the one pipeline ahead of it) and a failure is logged once per call 
 `presence.failed {op, error}` and answered with None, so presence degrades alone.
 """
 
+import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import redis
@@ -22,12 +23,14 @@ from redis.exceptions import NoScriptError
 
 from presence.scripts import (
     ADMIT,
+    CHANNEL_SEEN,
     DEADLINES,
     EPOCH,
     GRACE_CHECK,
     REAP,
     REFRESH,
     RELEASE,
+    channel_online_key,
     channels_key,
     connections_key,
     fresh_epoch,
@@ -39,6 +42,7 @@ from relay import metrics, redis_clients
 from relay.batching import GroupCommit
 from relay.logging import log_event
 from relay.transport.hiredis import pack_with_hiredis
+from webhooks.stream import reap_streams, user_stream_keys
 
 logger = logging.getLogger("presence")
 
@@ -74,6 +78,8 @@ class Election:
     # The key was gone but the user's last `online` was never retracted (their instance died):
     # this connection took the key over and has nothing to publish.
     unretracted: bool = False
+    # How many are online in each of the user's large channels (counted, not listed).
+    occupancy: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,16 @@ class Timings:
         """
         return self.ttl + self.grace + self.margin + 2 * self.refresh
 
+    @property
+    def epoch_ttl(self) -> int:
+        """How long the epoch lives past the last refresh that renewed it.
+
+        No deadline in a dump can be due before the dump's epoch has expired: a deadline is
+        written by a refresh at most one interval before the epoch's last renewal, and lasts
+        TTL + grace from it. Two intervals at least, so the epoch never lapses between refreshes.
+        """
+        return max(self.ttl + self.grace - self.refresh, 2 * self.refresh)
+
 
 def client_options() -> dict:
     """The fail-fast socket options every presence client uses, async or blocking."""
@@ -146,6 +162,7 @@ class PresenceStore:
         self._grace_check = self.client.register_script(GRACE_CHECK)
         self._refresh = self.client.register_script(REFRESH)
         self._reap = self.client.register_script(REAP)
+        self._channel_seen = self.client.register_script(CHANNEL_SEEN)
         # A connect's or close's script goes with the calls made while one round trip is in flight
         # (relay.batching). One call each would put hundreds in flight in a burst, each queued
         # behind the others' set-up on redis-py's pool lock. A call alone goes at once.
@@ -188,12 +205,17 @@ class PresenceStore:
         watch: Sequence[str] = (),
         publish: Sequence[tuple[str, bytes]] = (),
         channels: Iterable[str] = (),
+        large: Collection[str] = (),
     ) -> Election | None:
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
         `online` is read after this connection's own election, so it includes the user when admitted.
         Each (channel, payload) of `publish` is PUBLISHed by Redis if, and only if, this connection wins.
-        `channels` (the user's channel ids) are kept beside the deadline for the reaper.
+        `channels` (the user's channel ids) are kept beside the deadline for the reaper, and the
+        user is added to each channel's online set, whose members (those in `watch`) are the
+        snapshot: one read per channel, not one per co-member. Of a `large` channel the read is
+        a count (the snapshot's occupancy), whatever the channel's size. A refused connection's
+        user is online elsewhere already, so the additions stand either way.
         """
         t = self.timings
         keys = [
@@ -203,19 +225,37 @@ class PresenceStore:
             DEADLINES,
             channels_key(environment_id, user_id),
             EPOCH,
+            *user_stream_keys(environment_id, user_id),
         ]
         name = member(environment_id, user_id)
+        channels = list(channels)
         args = [connection_id, t.ttl, t.grace, t.max_connections, name, environment_id, fresh_epoch()]
         args.append(",".join(channels))
-        args += [len(publish), *(part for pair in publish for part in pair), *watch]
-        reply = await self.call("admit", lambda: self._script(self._admit, keys, args))
-        if reply is None:
+        args += [len(publish), *(part for pair in publish for part in pair)]
+
+        def work() -> Awaitable[list]:
+            # Submitted together, so they go in one pipeline, the election first.
+            seen = [
+                self._seen(channel_id, t.ttl, "count" if channel_id in large else "members", [user_id])
+                for channel_id in channels
+            ]
+            return asyncio.gather(self._script(self._admit, keys, args), *seen)
+
+        replies = await self.call("admit", work)
+        if replies is None:
             return None
+        reply, *members = replies
+        wanted = set(watch)
+        occupancy = {c: int(found) for c, found in zip(channels, members, strict=True) if c in large}
+        online = {as_text(uid) for c, found in zip(channels, members, strict=True) if c not in large for uid in found}
+        if reply[0]:
+            online.add(user_id)  # online by this very election, even in no channel
         return Election(
             admitted=bool(reply[0]),
             won=reply[1] == 1,
-            online=[as_text(uid) for uid in reply[2:]],
+            online=sorted(online & wanted),
             unretracted=reply[1] == 2,
+            occupancy=occupancy,
         )
 
     async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> str | None:
@@ -229,13 +269,20 @@ class PresenceStore:
         return None if reply is None else as_text(reply)
 
     async def grace_check(
-        self, environment_id: str, user_id: str, epoch: str | None, publish: Sequence[tuple[str, bytes]] = ()
+        self,
+        environment_id: str,
+        user_id: str,
+        epoch: str | None,
+        publish: Sequence[tuple[str, bytes]] = (),
+        channels: Sequence[str] = (),
+        last_seen_ms: int | None = None,
     ) -> tuple[int, str | None] | None:
         """(0, _) = still online somewhere, (1, _) = this caller publishes `offline`, (2, _) = someone
         else did, (3, epoch now) = Redis lost its data since the close, which saw `epoch`: ask again
         after a refresh interval, in the new epoch. None when Redis did not answer.
 
-        Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip.
+        Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip;
+        so is the webhook event (with `channels` and `last_seen_ms`) when the environment listens.
         """
         keys = [
             presence_key(environment_id, user_id),
@@ -243,8 +290,11 @@ class PresenceStore:
             DEADLINES,
             channels_key(environment_id, user_id),
             EPOCH,
+            *user_stream_keys(environment_id, user_id),
         ]
         args = [self.timings.marker_ttl, member(environment_id, user_id), epoch or "", fresh_epoch()]
+        if len(keys) > 5:
+            args += [",".join(channels), last_seen_ms or int(time.time() * 1000)]
         args += [part for pair in publish for part in pair]
         reply = await self.call("grace_check", lambda: self._script(self._grace_check, keys, args))
         if reply is None:
@@ -259,7 +309,7 @@ class PresenceStore:
         Returns the re-elected users (with whether an `offline` marker stood) and the users whose
         channels Redis no longer has; None when Redis did not answer.
         """
-        args: list = [self.timings.ttl, self.timings.grace, fresh_epoch()]
+        args: list = [self.timings.ttl, self.timings.grace, fresh_epoch(), self.timings.epoch_ttl]
         for name, channels, connection_ids in held:
             args += [name, "" if channels is None else "=" + ",".join(channels), len(connection_ids), *connection_ids]
         reply = await self.call("refresh", lambda: self._refresh(keys=[DEADLINES, EPOCH], args=args))
@@ -271,6 +321,14 @@ class PresenceStore:
             [as_text(name) for name in unwritten],
         )
 
+    async def write_event(self, environment_id: str, user_id: str, state: str, channels: Iterable[str]) -> None:
+        """Write a transition decided outside the scripts (a refresh's re-election) to the user's
+        webhook stream, when the environment listens: after the decision, not atomic with it."""
+        keys = user_stream_keys(environment_id, user_id)
+        if keys:
+            fields = {"t": f"user.{state}", "e": environment_id, "u": user_id, "c": ",".join(sorted(channels))}
+            await self.call("webhook_event", lambda: self.client.xadd(keys[0], fields))
+
     async def reap(self, publish_prefix: str | None = None) -> Reaped | None:
         """Take up to REAP_BATCH due deadlines of users nobody refreshes, and decide each.
 
@@ -278,8 +336,14 @@ class PresenceStore:
         each winner's `offline` is PUBLISHed inside the script; without it the caller publishes.
         """
         t = self.timings
-        args = [t.marker_ttl, t.grace, REAP_BATCH, t.refresh, fresh_epoch(), str(uuid.uuid4()), publish_prefix or ""]
-        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH], args=args))
+        # A deadline of another epoch waits two refresh intervals, not one: a holder's first call
+        # after Redis restarted can fail on a connection the restart closed (no retries here).
+        wait = 2 * t.refresh
+        args = [t.marker_ttl, t.grace, REAP_BATCH, wait, fresh_epoch(), str(uuid.uuid4()), publish_prefix or ""]
+        streams, listening = reap_streams()
+        if streams:
+            args += [listening, t.ttl]
+        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH, *streams], args=args))
         if reply is None:
             return None
         decided = [
@@ -287,6 +351,44 @@ class PresenceStore:
             for i in range(1, len(reply), 3)
         ]
         return Reaped(due=int(reply[0]), decided=decided)
+
+    async def channels_seen(self, seen: dict[str, list[str]], for_ms: int, op: str = "channels_seen") -> None:
+        """Mark each channel's users online for `for_ms` from now (GT: never shortening), one script per channel."""
+        if not seen:
+            return
+
+        await self.call(op, lambda: asyncio.gather(*(self._seen(c, for_ms, "", users) for c, users in seen.items())))
+
+    async def occupancy(self, channel_ids: Sequence[str]) -> dict[str, int] | None:
+        """How many are online in each channel now, one count per channel; None on failure."""
+
+        async def work() -> list:
+            return await asyncio.gather(*(self._seen(c, self.timings.ttl, "count", []) for c in channel_ids))
+
+        counts = await self.call("occupancy", work)
+        return None if counts is None else {c: int(n) for c, n in zip(channel_ids, counts, strict=True)}
+
+    async def channel_members(self, channel_id: str) -> list[str] | None:
+        """The user ids online in one channel now; None on failure."""
+        found = await self.call("channel_members", lambda: self._seen(channel_id, self.timings.ttl, "members", []))
+        return None if found is None else [as_text(uid) for uid in found]
+
+    def _seen(self, channel_id: str, for_ms: int, answer: str, user_ids: Sequence[str]) -> Awaitable[object]:
+        return self._script(self._channel_seen, [channel_online_key(channel_id)], [for_ms, answer, *user_ids])
+
+    async def channels_gone(self, gone: Sequence[tuple[str, Iterable[str]]]) -> None:
+        """Take each (user id, channel ids) out of those channels' online sets (their `offline` was decided)."""
+        removals = [(channel_id, user_id) for user_id, channel_ids in gone for channel_id in channel_ids]
+        if not removals:
+            return
+
+        async def work() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for channel_id, user_id in removals:
+                pipe.zrem(channel_online_key(channel_id), user_id)
+            await pipe.execute()
+
+        await self.call("channels_gone", work)
 
     async def online(self, environment_id: str, user_ids: Sequence[str]) -> list[str] | None:
         """Return which of the environment's `user_ids` are online now, in one MGET."""

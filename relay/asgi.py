@@ -13,18 +13,22 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from relay.layer import check_channel_layer  # noqa: E402
 from relay.routing import websocket_urlpatterns  # noqa: E402
+from webhooks.worker import StartWorker  # noqa: E402
 
 # A layer without Relay's hooks fails here, at start-up, naming what it lacks.
 check_channel_layer()
 
-application = ProtocolTypeRouter(
-    {
-        # Daphne serves no files itself (only `runserver` adds this handler), so without
-        # it /static/ is a 404 and admin renders unstyled. Files come from the apps'
-        # static/ folders through Django's finders: no collectstatic step.
-        "http": ASGIStaticFilesHandler(django_asgi_app),
-        # No AllowedHostsOriginValidator: clients authenticate with a token in the
-        # URL, not a cookie, so a cross-origin page gains nothing by connecting.
-        "websocket": URLRouter(websocket_urlpatterns),
-    }
+# The webhook worker starts with the first request or connection (webhooks/worker.py).
+application = StartWorker(
+    ProtocolTypeRouter(
+        {
+            # Daphne serves no files itself (only `runserver` adds this handler), so without
+            # it /static/ is a 404 and admin renders unstyled. Files come from the apps'
+            # static/ folders through Django's finders: no collectstatic step.
+            "http": ASGIStaticFilesHandler(django_asgi_app),
+            # No AllowedHostsOriginValidator: clients authenticate with a token in the
+            # URL, not a cookie, so a cross-origin page gains nothing by connecting.
+            "websocket": URLRouter(websocket_urlpatterns),
+        }
+    )
 )

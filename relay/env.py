@@ -5,6 +5,7 @@ rather than surfacing later as a confusing failure deep inside a connection.
 """
 
 import os
+import re
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -96,10 +97,15 @@ def env_hosts(name: str) -> list[tuple[str, int]]:
     hosts = []
     for item in env_list(name, []):
         host, colon, port = item.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        # A host name or an IPv4 address, or an IPv6 one in brackets: never a URL.
+        found = _HOST.fullmatch(host)
+        if not colon or not found or not port.isdigit() or not 0 < int(port) < 65536:
             raise ImproperlyConfigured(f"{name} must be comma-separated host:port pairs; got {item!r}")
-        hosts.append((host, int(port)))
+        hosts.append((found["name"] or found["ipv6"], int(port)))
     return hosts
+
+
+_HOST = re.compile(r"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)|\[(?P<ipv6>[0-9A-Fa-f:.]+)\]")
 
 
 def env_name(name: str, default: str) -> str:

@@ -254,6 +254,8 @@ class PresenceSnapshot(TypedDict):
     online: list[str]
     # The status of every user in `online`.
     status: dict[str, StatusOut]
+    # The user's large channels and how many of their members are online (only when there are).
+    occupancy: NotRequired[dict[str, int]]
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -282,6 +284,12 @@ class QueriedUser(TypedDict):
 @with_config(ConfigDict(extra="forbid"))
 class PresenceResult(TypedDict):
     users: dict[str, QueriedUser]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PresenceOccupancy(TypedDict):
+    channel: str
+    online: int
 
 
 @with_config(ConfigDict(extra="forbid"))

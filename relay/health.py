@@ -7,7 +7,7 @@ RELAY_METRICS_TOKEN when one is set, and only loopback clients when none is.
 
 import hmac
 import ipaddress
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 from django.conf import settings
@@ -15,10 +15,12 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ConfigDict, with_config
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from typing_extensions import TypedDict
 
 from relay.api import ErrorBody, Operation, documented, endpoint, error_response
-from relay.redis_clients import sync_client
+from relay.redis_clients import cluster_options, cluster_sync_client, sync_client
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -29,7 +31,8 @@ class Alive(TypedDict):
 @with_config(ConfigDict(extra="forbid"))
 class Readiness(TypedDict):
     status: Literal["ok", "unavailable"]
-    # database, redis (and presence_redis when it is another one): "ok" or the error's name.
+    # database, redis (presence_redis when it is another one); on a Redis Cluster, database,
+    # redis_cluster and presence_redis: "ok" or the error's name.
     checks: dict[str, str]
 
 
@@ -40,6 +43,21 @@ def ping(url: str, timeout: float = 0.5) -> str:
         client.ping()
         return "ok"
     except redis.RedisError as error:
+        return type(error).__name__
+    finally:
+        client.close()
+
+
+def ping_cluster(nodes: list[tuple[str, int]], timeout: float = 0.5, **options: Any) -> str:
+    """Return "ok" when every master of the Redis Cluster `nodes` belong to answers PING, else the error's name."""
+    try:
+        client = cluster_sync_client(nodes, socket_connect_timeout=timeout, socket_timeout=timeout, **options)
+    except (redis.RedisError, RedisClusterException) as error:
+        return type(error).__name__
+    try:
+        client.ping(target_nodes=RedisCluster.PRIMARIES)
+        return "ok"
+    except (redis.RedisError, RedisClusterException) as error:
         return type(error).__name__
     finally:
         client.close()
@@ -103,8 +121,15 @@ def readyz(request: HttpRequest) -> HttpResponse:
         checks["database"] = "ok"
     except Exception as error:
         checks["database"] = type(error).__name__
-    checks["redis"] = ping(settings.RELAY_REDIS_URL)
-    if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
+    if settings.RELAY_REDIS_CLUSTER_NODES:
+        # The layer on the cluster (with RELAY_REDIS_URL's credentials), presence on its own Redis.
+        checks["redis_cluster"] = ping_cluster(
+            settings.RELAY_REDIS_CLUSTER_NODES, **cluster_options(settings.RELAY_REDIS_URL)
+        )
         checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
+    else:
+        checks["redis"] = ping(settings.RELAY_REDIS_URL)
+        if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:
+            checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse(Readiness(status="ok" if ready else "unavailable", checks=checks), status=200 if ready else 503)

@@ -1,6 +1,7 @@
 """What Relay needs from its channel layer, checked once when the application starts.
 
-Relay runs on one layer, `relay.transport.pubsub.RelayPubSubChannelLayer`; its hooks carry
+Relay runs on one layer, `relay.transport.pubsub.RelayPubSubChannelLayer` (on a Redis Cluster,
+its sharded form `relay.transport.cluster.RelayClusterChannelLayer`); its hooks carry
 the per-process fan-out of presence, the membership bus and the batched group calls. Code
 takes the layer from `channel_layer()`, typed as this protocol, instead of probing for each
 hook: a layer without them fails at start-up, naming what it lacks, rather than one
@@ -79,7 +80,7 @@ def check_channel_layer() -> None:
     if missing:
         raise ImproperlyConfigured(
             f"CHANNEL_LAYERS['default'] is {type(layer).__name__}, which lacks {', '.join(missing)}: "
-            "Relay runs on relay.transport.pubsub.RelayPubSubChannelLayer"
+            "Relay runs on relay.transport.pubsub.RelayPubSubChannelLayer (or relay.transport.cluster's)"
         )
 
 

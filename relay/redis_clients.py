@@ -4,8 +4,8 @@ A Redis is named by its URL. When RELAY_REDIS_SENTINELS is set, the URL that is 
 is reached through Redis Sentinel instead: the sentinels name its master (RELAY_REDIS_SENTINEL_MASTER),
 and the URL's database, user and password still apply; every client then follows a failover on
 its next connection. The channel layer reaches its Redis through `settings.CHANNEL_LAYERS`
-(channels-redis builds its own pools from `layer_host`); everything else (presence, health
-checks) asks here, with the URL it is configured with.
+(channels-redis builds its own pools from `layer_host`; on a Redis Cluster, relay/transport/cluster.py
+its own client); everything else (presence, health checks) asks here, with the URL it is configured with.
 """
 
 from typing import Any
@@ -15,6 +15,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
 from redis.sentinel import Sentinel
 
@@ -74,3 +75,17 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
         )
         return sentinel.master_for(settings.RELAY_REDIS_SENTINEL_MASTER, **_master_options(url), **options)
     return redis.Redis.from_url(url, **options)
+
+
+def cluster_sync_client(nodes: list[tuple[str, int]], **options: Any) -> RedisCluster:
+    """A blocking client of the Redis Cluster that `nodes` (`host`, `port`) belong to, for health checks."""
+    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in nodes], **options)
+
+
+def cluster_options(url: str) -> dict[str, Any]:
+    """What of `url` applies to a Redis Cluster's nodes: user, password, and TLS for `rediss://`."""
+    parsed = parse_url(url)
+    options = {key: parsed[key] for key in ("username", "password") if parsed.get(key) is not None}
+    if url.startswith("rediss://"):
+        options["ssl"] = True
+    return options

@@ -25,7 +25,7 @@ from relay.frames import ChannelId, Identifier
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # What the path parameters of every route are; the views look them up with the same rules
 # (relay.api.get_channel, get_user), and anything else is their 404.
-PATH_PARAMETERS: dict[str, Any] = {"channel_id": ChannelId, "user_id": Identifier}
+PATH_PARAMETERS: dict[str, Any] = {"channel_id": ChannelId, "user_id": Identifier, "webhook_id": ChannelId}
 SECURITY = {
     "api_key": [{"apiKey": []}],
     "reader": [{"apiKey": []}, {"connectionToken": []}],

@@ -20,7 +20,7 @@ from relay.env import (
     env_name,
     env_str,
 )
-from relay.redis_clients import layer_host
+from relay.redis_clients import cluster_options, layer_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "presence",
     "chat",
     "agents",
+    "webhooks",
     "overview",
     "web",
 ]
@@ -142,13 +143,41 @@ RELAY_PRESENCE_REDIS_URL = check_redis_url(
 RELAY_REDIS_SENTINELS = env_hosts("RELAY_REDIS_SENTINELS")
 RELAY_REDIS_SENTINEL_MASTER = env_name("RELAY_REDIS_SENTINEL_MASTER", "mymaster")
 
+# Redis Cluster: when set, the channel layer runs on the cluster these nodes belong to (sharded
+# pub/sub, Redis 7 or later). Presence does not run on a cluster yet: it needs a single Redis of
+# its own, named by RELAY_PRESENCE_REDIS_URL. Of RELAY_REDIS_URL only the user, the password and
+# TLS (rediss://) are used then, for the cluster's nodes.
+RELAY_REDIS_CLUSTER_NODES = env_hosts("RELAY_REDIS_CLUSTER_NODES")
+if RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS:
+    raise ImproperlyConfigured(
+        "RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS are both set: a Redis Cluster fails over by "
+        "itself, without sentinels; set one of them"
+    )
+if RELAY_REDIS_CLUSTER_NODES and not env_str("RELAY_PRESENCE_REDIS_URL"):
+    raise ImproperlyConfigured(
+        "RELAY_REDIS_CLUSTER_NODES needs RELAY_PRESENCE_REDIS_URL: presence does not run on a Redis Cluster "
+        "yet, so it needs a single Redis of its own (redis://host:port/db)"
+    )
 
-def channel_layers_for(url: str) -> dict:
-    """Return the CHANNEL_LAYERS setting for a Redis at `url` (through the sentinels, when set).
+
+def channel_layers_for(url: str, cluster_nodes: list[tuple[str, int]] | None = None) -> dict:
+    """Return the CHANNEL_LAYERS setting for a Redis at `url` (through the sentinels, when set), or a cluster.
 
     One PUBLISH per group send and one subscription per group per process: each instance
-    fans out to its local sockets, as docs/presence.md, Fan-out describes.
+    fans out to its local sockets, as docs/presence.md, Fan-out describes. On a Redis Cluster
+    (`cluster_nodes`), the same with SPUBLISH and SSUBSCRIBE (relay/transport/cluster.py).
     """
+    if cluster_nodes:
+        return {
+            "default": {
+                "BACKEND": "relay.transport.cluster.RelayClusterChannelLayer",
+                "CONFIG": {
+                    "cluster_nodes": [list(node) for node in cluster_nodes],
+                    "cluster_options": cluster_options(url),
+                    "prefix": "relay",
+                },
+            }
+        }
     host = layer_host(url, RELAY_REDIS_SENTINELS, RELAY_REDIS_SENTINEL_MASTER)
     return {
         "default": {
@@ -158,7 +187,7 @@ def channel_layers_for(url: str) -> dict:
     }
 
 
-CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL)
+CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL, RELAY_REDIS_CLUSTER_NODES)
 
 # ── Presence (docs/contract.md, 4. Presence semantics) ────────────────────────
 # The production defaults, asserted once as constants by tests/test_settings.py.
@@ -209,6 +238,25 @@ DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)
 RELAY_AGENT_SWEEP_MS = env_int("RELAY_AGENT_SWEEP_MS", max(1, RELAY_AGENT_TTL_MS // 3), minimum=1)
 
+# ── Webhooks (docs/webhooks.md) ──────────────────────────────────────────────
+DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000
+DEFAULT_WEBHOOK_RETRY_S = 86_400
+# How long one delivery attempt may take before it counts as failed.
+RELAY_WEBHOOK_TIMEOUT_MS = env_int("RELAY_WEBHOOK_TIMEOUT_MS", DEFAULT_WEBHOOK_TIMEOUT_MS, minimum=1)
+# How long a failing receiver is retried (from the event) before its delivery is given up.
+RELAY_WEBHOOK_RETRY_S = env_int("RELAY_WEBHOOK_RETRY_S", DEFAULT_WEBHOOK_RETRY_S, minimum=1)
+# The first retry's delay; each later one doubles it (with jitter), up to an hour.
+RELAY_WEBHOOK_BACKOFF_MS = env_int("RELAY_WEBHOOK_BACKOFF_MS", 1_000, minimum=1)
+# How long a presence event may sit read but unacknowledged by an instance (which then presumably
+# died) before another instance claims it from the stream.
+RELAY_WEBHOOK_CLAIM_MS = env_int("RELAY_WEBHOOK_CLAIM_MS", 30_000, minimum=1)
+# Loopback, private and link-local receivers are refused unless this is on (`make run`, tests):
+# otherwise a tenant could make Relay POST into the operator's own network.
+RELAY_WEBHOOK_ALLOW_PRIVATE = env_bool("RELAY_WEBHOOK_ALLOW_PRIVATE", False)
+# Each instance consumes the streams and delivers (webhooks/worker.py). Not an operator's switch:
+# the in-process test suite turns it off, its tests start a worker where they need one.
+RELAY_WEBHOOK_WORKER = True
+
 # ── Demo client and first-run data (`make run`) ──────────────────────────────
 # Turns on the demo sign-in at / (also on under DEBUG) and, in `setupdemo`, the
 # prompt-free `admin` superuser. Never on in a deployment: the sign-in mints a
@@ -237,6 +285,9 @@ LOGGING = {
         # Request lines for every API call are noise next to the event vocabulary.
         "django.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
+        # Never a line per webhook attempt with its URL (whose query may carry the tenant's secret):
+        # webhook.delivered / webhook.failed say what matters, without it.
+        "aiohttp": {"level": "WARNING"},
     },
 }
 

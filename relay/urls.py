@@ -22,5 +22,6 @@ urlpatterns = [
     path("", include("chat.urls")),
     path("", include("presence.urls")),
     path("", include("agents.urls")),
+    path("", include("webhooks.urls")),
     path("", include("web.urls")),
 ]

@@ -20,6 +20,7 @@ from django.test import Client
 
 from agents import actions as agents_actions
 from devtools.embedded_redis import EmbeddedRedis
+from devtools.redis_cluster import EmbeddedRedisCluster, find_cluster_redis_server
 from presence import actions as presence_actions
 from presence.scripts import presence_key
 from relay import tokens
@@ -71,6 +72,16 @@ def redis_server() -> Iterator[EmbeddedRedis | None]:
     server = EmbeddedRedis().start()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[EmbeddedRedisCluster]:
+    """A private Redis Cluster (3 masters, 3 replicas) shared by the `cluster` tests; started on first use."""
+    if find_cluster_redis_server() is None:
+        pytest.skip("Redis Cluster needs redis-server 7 or later (make test installs Debian's redis-server)")
+    cluster = EmbeddedRedisCluster().start()
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture(scope="session")

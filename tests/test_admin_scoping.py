@@ -15,6 +15,7 @@ from agents.actions import do_register
 from chat.actions import send_message
 from relay.frames import Capability
 from relay.models import Environment, User
+from webhooks.models import Endpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.django_db
 def world(acme, globex) -> dict:
     """Each tenant with an agent registration and a message, each marked with its tenant's name."""
     now = timezone.now()
+    Endpoint.objects.create(environment=acme.environment, url="http://acme.example/hooks", events=["*"])
+    Endpoint.objects.create(environment=globex.environment, url="http://globex.example/hooks", events=["*"])
     do_register(acme.users["linh"], "w-acme", Capability(), "c1", now)
     do_register(globex.users["zed"], "w-globex", Capability(), "c2", now)
     send_message(acme.users["linh"], str(acme.channels["fleet"].id), "k1", "said-in-acme")
@@ -34,7 +37,9 @@ def world(acme, globex) -> dict:
 def sam(world) -> Client:
     """Staff, not a superuser, with every permission on Relay's models, granted acme only."""
     user = StaffUser.objects.create_user("sam", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label__in=["relay", "agents", "chat"]))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label__in=["relay", "agents", "chat", "webhooks"])
+    )
     world["acme"].environment.staff.add(user)
     client = Client()
     client.force_login(user)
@@ -49,6 +54,8 @@ PAGES = {
     "admin:relay_environment_changelist": ("acme", "globex"),
     "admin:agents_registration_changelist": ("w-acme", "w-globex"),
     "admin:chat_message_changelist": ("said-in-acme", "said-in-globex"),
+    "admin:webhooks_endpoint_changelist": ("acme.example", "globex.example"),
+    "admin:webhooks_delivery_changelist": ("acme.example", "globex.example"),
     "admin:index": (">acme<", ">globex<"),
 }
 

@@ -54,6 +54,15 @@ KEYS = {
     "status.frames_per_watcher_per_change",
     "status.rate",
     "status.idle_kb_per_connection",
+    "webhooks.events_per_s",
+    "webhooks.delivery_p99_ms",
+    "webhooks.presence_p99_ratio_hanging_receiver",
+    "midroom.notify_p99_ms",
+    "midroom.redis_cmds_per_connect",
+    "hugeroom.connect_cpu_vs_small",
+    "hugeroom.redis_cmds_per_connect_vs_small",
+    "hugeroom.occupancy_lag_p99_ms",
+    "hugeroom.snapshot_bytes",
 }
 PEER_KEYS = {
     "notify.p50_ms",
@@ -96,6 +105,7 @@ def test_the_smoke_benchmark_writes_every_key_as_a_number(tmp_path: Path) -> Non
     assert results["idle.connections"] > 0
     assert results["redis.commands_per_connect"] > 0
     assert results["reap.last_offline_after_ms"] > 0 and results["bigroom.snapshot_bytes"] > 0
+    assert results["webhooks.events_per_s"] > 0 and results["webhooks.delivery_p99_ms"] > 0
     report = (tmp_path / "latest.md").read_text()
     assert "## Machine" in report and "## Versions" in report and "## Settings" in report
     # Counted under callgrind, or said why not (valgrind is optional).

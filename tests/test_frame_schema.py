@@ -72,8 +72,11 @@ def described(field: dict, schema: dict) -> dict:
     if field.get("type") == "array":
         return {"type": "array", "items": described(field["items"], schema)}
     if field.get("type") == "object" and "additionalProperties" in field:
-        # A map of id to an object (rich presence's statuses): the client checks it is one.
-        return {"type": "object", "values": {"type": "object"}}
+        values = field["additionalProperties"]
+        if "$ref" in values:
+            # A map of id to an object (rich presence's statuses): the client checks it is one.
+            return {"type": "object", "values": {"type": "object"}}
+        return {"type": "object", "values": described(values, schema)}
     if "enum" in field:
         return {"type": field["type"], "enum": sorted(field["enum"])}
     return {"type": field["type"]}

@@ -28,9 +28,9 @@ def endpoint_routes() -> dict[str, tuple[str, ...]]:
 def test_every_api_route_is_documented_with_the_methods_it_serves():
     document = Client().get("/v1/openapi.json").json()
     documented = {
-        path.replace("{channel_id}", "<str:channel_id>").replace("{user_id}", "<path:user_id>"): sorted(
-            method.upper() for method in methods
-        )
+        path.replace("{channel_id}", "<str:channel_id>")
+        .replace("{user_id}", "<path:user_id>")
+        .replace("{webhook_id}", "<str:webhook_id>"): sorted(method.upper() for method in methods)
         for path, methods in document["paths"].items()
     }
     served = {path: sorted(methods) for path, methods in endpoint_routes().items() if path not in UNDOCUMENTED}

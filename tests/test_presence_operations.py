@@ -60,10 +60,18 @@ async def held_by_a_dead_instance(
     store = PresenceStore(redis_url, Timings(grace=grace, ttl=ttl, refresh=refresh, margin=MARGIN, max_connections=5))
     environment_id = str(tenant.environment.id)
     channel_ids = [str(tenant.channels[channel].id)]
+    # Above the environment's large_room_members when it holds thousands: counted, as an instance would.
+    large = channel_ids if len(user_ids) > tenant.environment.large_room_members else []
+    elections = []
     try:
-        elections = await asyncio.gather(
-            *(store.elect(environment_id, user_id, uuid.uuid4().hex, channels=channel_ids) for user_id in user_ids)
-        )
+        # A thousand connects at a time, as they reach an instance (not ten thousand in one pipeline).
+        for start in range(0, len(user_ids), 1000):
+            elections += await asyncio.gather(
+                *(
+                    store.elect(environment_id, user_id, uuid.uuid4().hex, channels=channel_ids, large=large)
+                    for user_id in user_ids[start : start + 1000]
+                )
+            )
         assert all(election is not None and election.won for election in elections)
     finally:
         await store.close()

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from presence.scripts import channels_key
 from tests.support import (
     WAIT,
     WsClient,
@@ -26,7 +25,6 @@ from tests.support import (
     logged,
     states,
     timings,
-    until,
 )
 
 pytestmark = pytest.mark.live
@@ -192,22 +190,6 @@ async def test_invisible_users_close_tells_nobody_and_their_visible_return_says_
     frames = [f for f in linh.frames if f["payload"].get("user") == "tuan"]
     assert [f["type"] for f in frames][-2:] == ["presence.changed", "presence.status"]  # never ahead of online
     await close_all(linh, tuan)
-
-
-async def test_an_invisible_users_dead_instance_tells_watchers_nothing_more(live_instances, acme, redis_client):
-    a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
-    await tuan.send("presence.set", {"invisible": True})
-    assert await heard(linh, "tuan", 2) == ["online", "offline"]
-    # A refresh writes the channels the reaper would publish to: none, while invisible. Then b dies.
-    reaped_to = channels_key(str(acme.environment.id), "tuan")
-    await until(lambda: redis_client.hget(reaped_to, "c") == "")
-    b.kill()
-    await logged(a, "presence.published", user="tuan", state="offline", channels=0)
-    probe = await barrier(a, acme, [linh])
-    assert states(linh, "tuan") == ["online", "offline"]
-    await close_all(linh, probe)
 
 
 async def test_an_environment_without_invisibility_refuses_it_and_changes_nothing(live_instances, acme):

@@ -82,7 +82,7 @@ def _version(distribution: str) -> tuple[int, ...]:
     "distribution, lowest, beyond",
     [
         ("channels-redis", (4, 3), (4, 4)),  # relay/transport/pubsub.py
-        ("redis", (5, 0), (7, 0)),  # relay/transport/hiredis.py
+        ("redis", (5, 0), (7, 0)),  # relay/transport/hiredis.py, cluster.py
         ("daphne", (4, 1), (4, 3)),  # relay/transport/websocket_options.py
         ("autobahn", (26, 1), (27, 0)),  # relay/transport/websocket_options.py, autobahn_debug.py
     ],
@@ -110,6 +110,28 @@ def test_channels_redis_still_has_what_the_layer_overrides_and_reads():
         assert hasattr(loop_layer, name), name
     assert loop_layer._get_group_channel_name("g") == "relay__group__g"
     assert "_layers" in vars(pubsub.RedisPubSubChannelLayer(hosts=["redis://127.0.0.1:1/0"]))
+
+
+# ── the cluster layer: what it reads of redis-py's asyncio cluster client ─────
+def test_redis_pys_asyncio_cluster_client_still_has_what_the_cluster_layer_reads():
+    from channels_redis.utils import _wrap_close
+    from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
+
+    from relay.transport.cluster import cluster_client
+
+    # No pub/sub of its own yet: when it has one (redis-py 8), the subscribing side should go.
+    assert not hasattr(RedisCluster, "pubsub")
+    client = cluster_client([("127.0.0.1", 1)])
+    assert isinstance(client.nodes_manager, NodesManager)
+    assert inspect.iscoroutinefunction(NodesManager.initialize)
+    assert client.keyslot("relay__group__g") == 4249
+    for name in ("initialize", "get_node_from_key", "execute_command", "pipeline", "aclose"):
+        assert callable(getattr(client, name)), name
+    node = ClusterNode("127.0.0.1", 1)
+    assert node.name == "127.0.0.1:1"
+    connection = node.connection_class(**node.connection_kwargs)
+    assert (connection.host, connection.port) == ("127.0.0.1", 1)
+    assert callable(_wrap_close)
 
 
 # ── websocket options: Daphne still leaves those autobahn options alone ───────

@@ -7,6 +7,8 @@ reaches into another library's internals.
 
 - `pubsub`: channels-redis's pub/sub layer with one subscription per process, confirmed
   subscriptions, a receive loop without a timer, and process-wide delivery hooks.
+- `cluster`: the same layer on a Redis Cluster, over sharded pub/sub, with the subscribing
+  side redis-py's asyncio cluster client lacks.
 - `hiredis`: redis-py's asyncio connections packing commands in C, as its blocking ones do.
 - `websocket_options`: autobahn options Daphne does not expose (the close handshake's timeout,
   a close frame rather than a dropped connection for an oversize frame).

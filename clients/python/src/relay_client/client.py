@@ -52,6 +52,7 @@ from relay_client.events import (
     MessageSend,
     PresenceActivity,
     PresenceChanged,
+    PresenceOccupancy,
     PresenceQuery,
     PresenceResult,
     PresenceSet,
@@ -555,6 +556,8 @@ class Client:
                 self._emit(frame)
             case PresenceResult():
                 self._answer(("PresenceQuery",), frame)
+            case PresenceOccupancy():
+                self._emit(frame)
             case MessageCreated():
                 self._accept(frame)
             case MessageAck():

@@ -32,6 +32,9 @@ class PresenceSnapshot:
     online: tuple[str, ...]
     # user -> {"status", "text", "emoji", "until", "idle"} for every user in `online`.
     status: dict[str, dict] = dataclasses.field(default_factory=dict)
+    # The user's large channels and how many of their members are online: in those, people are
+    # counted instead of named (docs/contract.md, Large rooms).
+    occupancy: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,14 @@ class PresenceResult:
     """The answer to `query()`: user -> {"state", "last_seen_at", "status", ...}, co-members only."""
 
     users: dict[str, dict]
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceOccupancy:
+    """How many members of a large channel are online now (at most once a second, the last always)."""
+
+    channel: str
+    online: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +170,7 @@ SERVER_FRAMES: dict[str, type] = {
     "presence.changed": PresenceChanged,
     "presence.status": PresenceStatus,
     "presence.result": PresenceResult,
+    "presence.occupancy": PresenceOccupancy,
     "message.ack": MessageAck,
     "message.created": MessageCreated,
     "register.ack": RegisterAck,
@@ -182,6 +194,7 @@ ServerFrame = (
     | PresenceChanged
     | PresenceStatus
     | PresenceResult
+    | PresenceOccupancy
     | MessageAck
     | MessageCreated
     | RegisterAck
@@ -209,7 +222,7 @@ class Reconnected:
     connection_id: str
 
 
-Event = PresenceChanged | PresenceStatus | MessageCreated | Error | Disconnected | Reconnected
+Event = PresenceChanged | PresenceStatus | PresenceOccupancy | MessageCreated | Error | Disconnected | Reconnected
 
 F = TypeVar("F", bound="DataclassInstance")
 
@@ -288,6 +301,9 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, str) and value in get_args(hint)
     if origin is tuple:
         return isinstance(value, list) and all(_fits(item, get_args(hint)[0]) for item in value)
+    if origin is dict:
+        key, item = get_args(hint)
+        return isinstance(value, dict) and all(_fits(k, key) and _fits(v, item) for k, v in value.items())
     if origin in (Union, types.UnionType):
         return any(_fits(value, option) for option in get_args(hint))
     raise TypeError(f"no JSON check for {hint}")

@@ -1,0 +1,67 @@
+"""A channel's online set against the real Redis: kept by its own script, counted or listed, healing itself."""
+
+import uuid
+
+import pytest
+
+from presence.keys import channel_tag
+from presence.scripts import EPOCH, channel_online_key
+from presence.store import PresenceStore, Timings
+
+ACME = str(uuid.uuid4())
+TIMINGS = Timings(grace=600, ttl=1000, refresh=200, margin=100, max_connections=3)
+HALL, FLEET = str(uuid.uuid4()), str(uuid.uuid4())
+
+
+@pytest.fixture
+async def store(redis_url):
+    made = PresenceStore(redis_url, TIMINGS)
+    yield made
+    await made.close()
+
+
+def test_a_channels_set_lives_in_the_channels_own_slot():
+    assert channel_tag(HALL) in channel_online_key(HALL)
+    assert channel_online_key(HALL) != channel_online_key(FLEET)
+
+
+async def test_a_connect_lists_its_small_channels_and_counts_its_large_ones(store):
+    await store.elect(ACME, "tuan", "c1", channels=[HALL, FLEET])
+    election = await store.elect(ACME, "linh", "c2", ["linh", "tuan"], channels=[HALL, FLEET], large={HALL})
+    assert election.online == ["linh", "tuan"]
+    assert election.occupancy == {HALL: 2}
+    # Only co-members are named: mai, online in hall alone, is not in linh's `watch`.
+    await store.elect(ACME, "mai", "c3", channels=[FLEET])
+    again = await store.elect(ACME, "linh", "c4", ["linh", "tuan"], channels=[FLEET])
+    assert again.online == ["linh", "tuan"]
+
+
+async def test_an_entry_nobody_renews_goes_by_itself_and_a_refresh_brings_it_back(store, redis_client):
+    await store.elect(ACME, "tuan", "c1", channels=[HALL])
+    # As an instance that died after the user's script and before the channel's would leave it:
+    # an entry whose time is up. It is not counted, and the next write trims it.
+    redis_client.zadd(channel_online_key(HALL), {"ghost": 1})
+    assert await store.occupancy([HALL]) == {HALL: 1}
+    assert redis_client.zscore(channel_online_key(HALL), "ghost") is None
+    # Removed (an `offline` decided), then seen again by a refresh.
+    await store.channels_gone([("tuan", [HALL])])
+    assert await store.occupancy([HALL]) == {HALL: 0}
+    await store.channels_seen({HALL: ["tuan"]}, TIMINGS.ttl)
+    assert await store.channel_members(HALL) == ["tuan"]
+
+
+async def test_a_close_pins_the_entry_to_the_grace_and_a_shorter_write_never_shortens_it(store, redis_client):
+    await store.elect(ACME, "tuan", "c1", channels=[HALL])
+    pinned = TIMINGS.ttl * 10
+    await store.channels_seen({HALL: ["tuan"]}, pinned)
+    until = redis_client.zscore(channel_online_key(HALL), "tuan")
+    await store.channels_seen({HALL: ["tuan"]}, TIMINGS.ttl)
+    assert redis_client.zscore(channel_online_key(HALL), "tuan") == until
+    assert redis_client.pttl(channel_online_key(HALL)) > TIMINGS.ttl
+
+
+async def test_the_epoch_gets_a_ttl_from_the_first_election_and_every_refresh_renews_it(store, redis_client):
+    await store.elect(ACME, "tuan", "c1")
+    assert 0 < redis_client.pttl(EPOCH) <= TIMINGS.ttl
+    await store.refresh([(f"{ACME}:tuan", None, ["c1"])])
+    assert TIMINGS.ttl < redis_client.pttl(EPOCH) <= TIMINGS.epoch_ttl

@@ -1,0 +1,127 @@
+"""Presence against Redis faults that lose a publish or bring back old data, with real Daphne processes.
+
+The cast (tests/conftest.py): in acme, linh and tuan share "fleet" (private) and "general".
+Presence lives on a Redis of its own here (RELAY_PRESENCE_REDIS_URL), the channel layer on the
+suite's: transitions are then published through the layer after the script decided them, and a
+publish can fail on its own. Every "nothing arrived" sits after a barrier (tests/support.py).
+"""
+
+import asyncio
+import os
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from devtools.embedded_redis import EmbeddedRedis
+from presence.actions import VANISHED
+from presence.scripts import EPOCH, channels_key, marker_key
+from tests.support import GRACE, REFRESH, TTL, barrier, close_all, connect, heard, logged, states, timings, until
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture
+def presence_redis() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def publish_refused(redis_url: str) -> Iterator[Callable[[bool], None]]:
+    """Switch PUBLISH off (and on) for every client of the layer's Redis; back on when the test ends.
+
+    An ACL rule rather than a stopped server: the publish fails as in a failover, while the
+    watchers' subscriptions stay up, so what arrives afterwards shows what was retried.
+    """
+    client = redis.Redis.from_url(redis_url)
+
+    def refuse(refused: bool) -> None:
+        client.execute_command("ACL", "SETUSER", "default", "-publish" if refused else "+publish")
+
+    yield refuse
+    refuse(False)
+    client.close()
+
+
+async def test_a_failed_online_and_a_failed_offline_are_published_once_redis_takes_them(
+    live_instances, acme, presence_redis, publish_refused
+):
+    a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+    store = redis.Redis.from_url(presence_redis.url)
+    linh = await connect(a, acme, "linh")
+    publish_refused(True)
+    # tuan wins his election on the presence Redis; the `online` the layer should carry fails.
+    tuan = await connect(b, acme, "tuan")
+    await logged(b, "presence.failed", op="publish")
+    publish_refused(False)
+    assert await heard(linh, "tuan", 1) == ["online"]
+    publish_refused(True)
+    # His grace check decides `offline` (it takes the marker), and its publish fails the same way.
+    failures = len(b.events("presence.failed"))
+    await tuan.close()
+    await until(lambda: store.exists(marker_key(str(acme.environment.id), "tuan")))
+    await until(lambda: len(b.events("presence.failed")) > failures)
+    publish_refused(False)
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "tuan") == ["online", "offline"]
+    store.close()
+    await close_all(linh, probe)
+
+
+async def test_an_online_owed_to_a_user_who_left_meanwhile_is_dropped(
+    live_instances, acme, presence_redis, publish_refused
+):
+    a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+    store = redis.Redis.from_url(presence_redis.url)
+    linh = await connect(a, acme, "linh")
+    publish_refused(True)
+    tuan = await connect(b, acme, "tuan")
+    await logged(b, "presence.failed", op="publish")
+    # tuan leaves for good while his `online` is still owed: his `offline` supersedes it.
+    await tuan.close()
+    await until(lambda: store.exists(marker_key(str(acme.environment.id), "tuan")))
+    publish_refused(False)
+    await logged(b, "presence.published", user="tuan", state="offline")
+    probe = await barrier(a, acme, [linh])
+    assert "online" not in states(linh, "tuan")
+    store.close()
+    await close_all(linh, probe)
+
+
+async def test_an_old_dump_restored_flaps_no_connected_user(live_instances, acme, presence_redis):
+    a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    await heard(linh, "tuan", 1)
+    store = redis.Redis.from_url(presence_redis.url, decode_responses=True)
+    environment = str(acme.environment.id)
+    store.save()
+    saved = presence_redis.directory / "dump.rdb"
+    old_dump = saved.with_name("old.rdb")
+    shutil.copy(saved, old_dump)
+    old_epoch = store.get(EPOCH)
+    # Long enough for every deadline in the dump to be due when it comes back.
+    await asyncio.sleep((TTL + GRACE + 2 * REFRESH) / 1000)
+    # tuan's instance holds still while Redis goes back in time, so a reaper gets the first look
+    # at what came back (as a slow instance would).
+    os.kill(b.process.pid, signal.SIGSTOP)
+    try:
+        presence_redis.stop()
+        shutil.copy(old_dump, saved)
+        presence_redis.start()
+        store = redis.Redis.from_url(presence_redis.url, decode_responses=True)
+        # a's reaper has looked at tuan's deadline (deferred it, or decided him gone).
+        await until(lambda: store.hget(channels_key(environment, "tuan"), "e") != old_epoch)
+    finally:
+        os.kill(b.process.pid, signal.SIGCONT)
+    await logged(b, "presence.suppressed", user="tuan", reason=VANISHED)
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "tuan") == ["online"]
+    assert store.get(EPOCH) != old_epoch
+    store.close()
+    await close_all(linh, tuan, probe)

@@ -13,11 +13,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents.exceptions import InstanceOwned
+from agents.exceptions import InstanceOwned, RegistrationsCapped
 from agents.models import Registration
 from relay import metrics
 from relay.frames import Capability
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import User
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,9 @@ def do_register(
                 instance=instance,
                 defaults={"identity": user, "registered_at": now, **fields},
             )
-            if not created:
+            if created:
+                _hold_to_the_cap(user)
+            else:
                 if row.identity_id != user.pk:
                     raise InstanceOwned(instance)
                 # A re-registration (a reconnect, on any Relay instance) keeps registered_at
@@ -71,15 +73,28 @@ def do_register(
                 for name, value in fields.items():
                     setattr(row, name, value)
                 row.save(update_fields=list(fields))
-    except InstanceOwned:
+    except (InstanceOwned, RegistrationsCapped) as refused:
         metrics.AGENT_REGISTRATIONS.labels(outcome="rejected").inc()
         log_event(
-            logger, "agent.rejected", instance=instance, reason="instance_owned", environment=str(user.environment_id)
+            logger,
+            Event.AGENT_REJECTED,
+            instance=instance,
+            reason="instance_owned" if isinstance(refused, InstanceOwned) else "limit_reached",
+            environment=str(user.environment_id),
         )
         raise
     metrics.AGENT_REGISTRATIONS.labels(outcome="created" if created else "refreshed").inc()
-    log_event(logger, "agent.registered", instance=instance, environment=str(user.environment_id))
+    log_event(logger, Event.AGENT_REGISTERED, instance=instance, environment=str(user.environment_id))
     return row, created
+
+
+def _hold_to_the_cap(user: User) -> None:
+    """Raise RegistrationsCapped (rolling back the new row) when `user` now holds more than the cap."""
+    # The identity's row locked first: two new registrations of one identity are counted one
+    # after the other (each sees the other's row once it committed), so neither slips past.
+    list(User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
+    if Registration.objects.filter(identity=user).count() > settings.RELAY_MAX_AGENTS_PER_USER:
+        raise RegistrationsCapped(settings.RELAY_MAX_AGENTS_PER_USER)
 
 
 def do_heartbeat(user: User, instance: str, now: datetime | None = None) -> bool:
@@ -98,7 +113,7 @@ def do_deregister(user: User, instance: str) -> bool:
         environment_id=user.environment_id, instance=instance, identity=user
     ).delete()
     if deleted:
-        log_event(logger, "agent.deregistered", instance=instance, environment=str(user.environment_id))
+        log_event(logger, Event.AGENT_DEREGISTERED, instance=instance, environment=str(user.environment_id))
     return deleted > 0
 
 
@@ -130,7 +145,7 @@ def sweep_stale(now: datetime | None = None, ttl_ms: int | None = None) -> list[
                 removal_reason.reset(token)
         for _, environment_id, instance in batch:
             swept.append((str(environment_id), instance))
-            log_event(logger, "agent.swept", instance=instance, environment=str(environment_id))
+            log_event(logger, Event.AGENT_SWEPT, instance=instance, environment=str(environment_id))
         metrics.AGENT_SWEPT.inc(len(batch))
         if len(batch) < SWEEP_BATCH:
             break

@@ -15,11 +15,11 @@ from channels.db import database_sync_to_async
 from django.db import DatabaseError
 
 from agents import actions
-from agents.exceptions import InstanceOwned
+from agents.exceptions import InstanceOwned, RegistrationsCapped
 from relay import registry
 from relay.exceptions import FrameError
 from relay.frames import Deregister, DeregisterAck, Heartbeat, Register, RegisterAck
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.registry import Connection
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def database_guarded(handler: Callable[..., Awaitable[None]]) -> Callable[..., A
         except DatabaseError as error:
             # A busy or unreachable database is the registry's fault alone: the connection
             # keeps carrying presence and messages, and the worker may simply retry.
-            log_event(logger, "agent.failed", logging.ERROR, op=handler.__name__, error=type(error).__name__)
+            log_event(logger, Event.AGENT_FAILED, logging.ERROR, op=handler.__name__, error=type(error).__name__)
             raise FrameError("unavailable", "the agent registry is unavailable, try again") from None
 
     return guarded
@@ -62,6 +62,8 @@ async def register(conn: Connection, payload: Register) -> None:
         )
     except InstanceOwned as owned:
         raise FrameError("instance_owned", str(owned)) from None
+    except RegistrationsCapped as capped:
+        raise FrameError("limit_reached", str(capped)) from None
     registered_instances(conn)[payload.instance] = payload.capability.model_dump(exclude_none=True)
     ack = RegisterAck(instance=row.instance, registered_at=row.registered_at.isoformat())
     await conn.send_frame("register.ack", ack)

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from agents import actions
 from relay.clock import Clock, LoopClock, Periodic
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.loops import PerLoop
 from relay.registry import Connection, Extension
 
@@ -60,7 +60,7 @@ class Sweeper:
 
 
 def _sweep_failed(error: Exception) -> None:
-    log_event(logger, "agent.sweep_failed", logging.ERROR, error=type(error).__name__)
+    log_event(logger, Event.AGENT_SWEEP_FAILED, logging.ERROR, error=type(error).__name__)
 
 
 # This event loop's sweeper.

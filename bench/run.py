@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare, rooms, status
+from bench import compare, fairness, rooms, status
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -674,6 +674,8 @@ def phase_slow_reader(world: World, workdir: Path, sizes: Sizes) -> dict:
     channel = world.channel("slow-reader", [*healthy, stalled])
     bound = sizes.slow_reader_bound or DEFAULT_MAX_PENDING_BYTES
     env = {"RELAY_MAX_PENDING_BYTES": str(sizes.slow_reader_bound)} if sizes.slow_reader_bound else {}
+    # One sender as fast as the window lets it: the phase measures the fan-out, not the frame rate limit.
+    env["RELAY_RATE_FRAMES_PER_S"] = "1000000"
     frame_bytes = len(SLOW_READER_TEXT.encode()) + 200  # the frame's other fields, about
     messages = -(-sizes.slow_reader_mb * 1024 * 1024 // frame_bytes)
     server = daphne("relay-slow-reader", workdir, **env)
@@ -782,6 +784,10 @@ TARGETS = {
     "webhooks.events_per_s": (">=", 1000),
     "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2),
     **rooms.TARGETS,
+    # One user flooding from five sockets (bench/fairness.py).
+    "fairness.innocent_p90_ratio": ("<=", 2),
+    "fairness.flooder_rss_growth_mb": ("<=", 40),
+    "fairness.rate_limited_errors": (">", 0),
 }
 
 # Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
@@ -801,7 +807,7 @@ def verdict(key: str, value: float) -> str:
     if key not in TARGETS:
         return ""
     op, target = TARGETS[key]
-    met = value >= target if op == ">=" else value <= target
+    met = value >= target if op == ">=" else value > target if op == ">" else value <= target
     return f"{'met' if met else 'MISSED'} ({op} {target})"
 
 
@@ -920,6 +926,7 @@ PHASES = (
     "webhooks",
     "midroom",
     "hugeroom",
+    "fairness",
 )
 
 
@@ -1030,6 +1037,8 @@ def main() -> int:
             results.update(rooms.phase_midroom(world, workdir, mode, redis_client))
         if fresh("hugeroom"):
             results.update(rooms.phase_hugeroom(world, workdir, mode, redis_client))
+        if fresh("fairness"):
+            results.update(fairness.phase_fairness(world, workdir, rounds=3 if mode == "smoke" else 20))
         if with_peer:
             results.update(peer_ratios(results, sizes))
         redis_client.close()

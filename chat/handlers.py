@@ -10,6 +10,10 @@ Resume (`cursor` in the query string): for each channel named in it, the missed
 messages are sent from the database in seq order, then live ones. Live events of a
 channel being backfilled are held and sent after it, minus those the backfill
 already sent, so the client sees no gap and no duplicate.
+
+A cursor too long for a URL (Daphne refuses request heads over 16 KB) comes instead as the
+connection's first frame, `resume`, the connection opened with `resume=frame`: every channel's
+live events are held from the ack until that frame says which channels to backfill.
 """
 
 import asyncio
@@ -23,23 +27,22 @@ from django.db import DatabaseError
 from chat.actions import send_message
 from chat.exceptions import NotAMember
 from chat.queries import PAGE_SIZE, last_seq, messages_after
-from relay import metrics, registry
+from relay import close_codes, metrics, registry
 from relay.exceptions import FrameError
-from relay.frames import MessageAck, MessageCreated, MessageSend, parse_cursor
+from relay.frames import MessageAck, MessageCreated, MessageSend, Resume, parse_cursor
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.registry import Connection
 
 logger = logging.getLogger(__name__)
 
 STATE_KEY = "chat"
 CURSOR_PARAMETER = "cursor"
+# `resume=frame`: the cursor follows as the first frame.
+RESUME_PARAMETER = "resume"
 # The fields of a `message.created` frame: the wire payload is rebuilt from exactly
 # these, so nothing else that travels on the fabric can reach a client.
 CREATED_FIELDS = ("id", "channel", "seq", "user", "text", "created_at")
-# Closed after a failed backfill so the client reconnects with its cursor: holding
-# the channel's live messages forever, or releasing them over a gap, would be worse.
-CLOSE_RESUME_FAILED = 1011
 
 store_message = database_sync_to_async(send_message)
 read_last_seq = database_sync_to_async(last_seq)
@@ -61,6 +64,8 @@ class ChatState:
     # channel -> live events that arrived while its backfill was running.
     held: dict[str, list[dict]] = field(default_factory=dict)
     backfill: asyncio.Task | None = None
+    # Opened with `resume=frame` and that frame not yet received: every channel's live events held.
+    awaiting_resume: bool = False
 
 
 registry.sends("message.ack", MessageAck)
@@ -77,14 +82,14 @@ async def message_send(conn: Connection, payload: MessageSend) -> None:
     except NotAMember:
         raise FrameError("not_a_member", "you are not a member of that channel") from None
     except DatabaseError as error:
-        log_event(logger, "message.failed", logging.ERROR, user=conn.user_id, error=type(error).__name__)
+        log_event(logger, Event.MESSAGE_FAILED, logging.ERROR, user=conn.user_id, error=type(error).__name__)
         raise FrameError("unavailable", "the message was not stored; send it again with the same idem_key") from None
     await conn.send_frame("message.ack", result.ack)
     metrics.MESSAGE_SEND_SECONDS.observe(time.perf_counter() - started)
     if not result.created:
         return
     seq = result.message["seq"]
-    log_event(logger, "message.stored", user=conn.user_id, channel=payload.channel, seq=seq)
+    log_event(logger, Event.MESSAGE_STORED, user=conn.user_id, channel=payload.channel, seq=seq)
     try:
         await channel_layer().group_send(
             chat_group(payload.channel), {"type": "message.created", "message": result.message}
@@ -93,8 +98,35 @@ async def message_send(conn: Connection, payload: MessageSend) -> None:
         # Stored and acknowledged: members that missed the live frame get it from a
         # resume or the history API, so a channel-layer fault loses nothing durable.
         log_event(
-            logger, "message.fanout_failed", logging.ERROR, channel=payload.channel, seq=seq, error=type(error).__name__
+            logger,
+            Event.MESSAGE_FANOUT_FAILED,
+            logging.ERROR,
+            channel=payload.channel,
+            seq=seq,
+            error=type(error).__name__,
         )
+
+
+@registry.frame("resume", Resume)
+async def resume(conn: Connection, payload: Resume) -> None:
+    """The cursor of a connection opened with `resume=frame`: backfill its channels, release the others."""
+    chat: ChatState = conn.state[STATE_KEY]
+    if not chat.awaiting_resume:
+        raise FrameError("invalid_frame", "resume is only the first frame of a connection opened with resume=frame")
+    chat.awaiting_resume = False
+    positions = {channel_id: seen for channel_id, seen in payload.cursor.items() if channel_id in conn.channel_ids}
+    # Channels without a position have nothing to backfill: their held events go out now, in order.
+    for channel_id in sorted(set(chat.held) - set(positions)):
+        for message in sorted(chat.held.pop(channel_id), key=lambda message: message["seq"]):
+            await conn.send_frame("message.created", message)
+    start_backfill(conn, chat, positions)
+
+
+def start_backfill(conn: Connection, chat: ChatState, positions: dict[str, int]) -> None:
+    """Hold each channel's live events and backfill it after its position, in its own task."""
+    for channel_id in positions:
+        chat.held.setdefault(channel_id, [])
+    chat.backfill = asyncio.create_task(backfill(conn, chat, positions))
 
 
 # ── the channel layer delivers ───────────────────────────────────────────────
@@ -105,7 +137,7 @@ async def message_created(conn: Connection, event: dict) -> None:
         message = MessageCreated(**{key: event["message"][key] for key in CREATED_FIELDS})
         channel_id, seq = str(message["channel"]), int(message["seq"])
     except (KeyError, TypeError, ValueError):
-        log_event(logger, "message.invalid_event", logging.ERROR, connection_id=conn.connection_id)
+        log_event(logger, Event.MESSAGE_INVALID_EVENT, logging.ERROR, connection_id=conn.connection_id)
         return
     # A removed member stops receiving at once, even events already queued for it.
     if channel_id not in conn.channel_ids:
@@ -138,6 +170,12 @@ class ChatExtension(registry.Extension):
 
     async def opened(self, conn: Connection) -> None:
         """Start the resume the `cursor` asks for, in its own task, so no other frame waits for it."""
+        chat: ChatState = conn.state[STATE_KEY]
+        if conn.query.get(RESUME_PARAMETER) == ["frame"]:
+            # Held from now: nothing live may overtake the backfill the first frame will ask for.
+            chat.awaiting_resume = True
+            chat.held = {channel_id: [] for channel_id in conn.channel_ids}
+            return
         raw = conn.query.get(CURSOR_PARAMETER)
         if raw is None:
             return
@@ -148,14 +186,11 @@ class ChatExtension(registry.Extension):
         except ValueError as error:
             await conn.send_error("invalid_cursor", f"cursor: {error}; nothing was resumed")
             return
-        chat: ChatState = conn.state[STATE_KEY]
         # Channels the user is not a member of (unknown, another tenant's, or left while
         # away) are skipped without a word: there is nothing of theirs to resume, and an
         # answer must not tell one case from another.
         positions = {channel_id: seen for channel_id, seen in positions.items() if channel_id in conn.channel_ids}
-        for channel_id in positions:
-            chat.held[channel_id] = []
-        chat.backfill = asyncio.create_task(backfill(conn, chat, positions))
+        start_backfill(conn, chat, positions)
 
     async def closed(self, conn: Connection) -> None:
         """Stop the resume (the consumer leaves the groups)."""
@@ -179,14 +214,18 @@ async def backfill(conn: Connection, chat: ChatState, positions: dict[str, int])
             sent += await resume_channel(conn, chat, channel_id, seen)
     except Exception as error:
         log_event(
-            logger, "message.resume_failed", logging.ERROR, connection_id=conn.connection_id, error=type(error).__name__
+            logger,
+            Event.MESSAGE_RESUME_FAILED,
+            logging.ERROR,
+            connection_id=conn.connection_id,
+            error=type(error).__name__,
         )
         await conn.send_error("resume_failed", "the resume failed; reconnect with the same cursor")
-        await conn.close(code=CLOSE_RESUME_FAILED)
+        await conn.close(code=close_codes.RESUME_FAILED)
         return
     log_event(
         logger,
-        "message.resumed",
+        Event.MESSAGE_RESUMED,
         connection_id=conn.connection_id,
         user=conn.user_id,
         channels=len(positions),

@@ -23,18 +23,17 @@ from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
 from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen
 from presence.scripts import member, split_member
 from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
-from relay import metrics
+from relay import close_codes, metrics
 from relay.clock import Clock, LoopClock, Periodic, Timer
 from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.loops import PerLoop
 from relay.registry import Connection
 from webhooks import events as webhook_events
 
 logger = logging.getLogger("presence")
 
-CLOSE_TOO_MANY_CONNECTIONS = 4429
 
 ALREADY_ONLINE = "already online"
 STILL_OPEN = "a connection is still open somewhere"
@@ -112,14 +111,14 @@ def _group_sends(
 def _published(environment_id: str, user_id: str, state: State, channels: int, last_seen_ms: int | None = None) -> None:
     metrics.presence_published(state).inc()
     # `channels` is a count: the list would be a membership graph in a log file.
-    log_event(logger, "presence.published", user=user_id, state=state, channels=channels)
+    log_event(logger, Event.PRESENCE_PUBLISHED, user=user_id, state=state, channels=channels)
     webhook_events.send_presence_signal(environment_id, user_id, state, last_seen_ms)
 
 
 def suppressed(user_id: str, state: State, reason: str) -> None:
     """Log and count a transition this instance decided not to publish."""
     metrics.PRESENCE_SUPPRESSED.labels(state=state, reason=reason).inc()
-    log_event(logger, "presence.suppressed", user=user_id, state=state, reason=reason)
+    log_event(logger, Event.PRESENCE_SUPPRESSED, user=user_id, state=state, reason=reason)
 
 
 # Not in the thread every other database call shares (thread_sensitive): a write stuck there
@@ -204,7 +203,7 @@ class PresenceService:
                 # admitted, and left the re-pin and the grace check to it.
                 epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=True)
                 self._arm_grace_check(subject, epoch)
-            raise ConnectionRefused(CLOSE_TOO_MANY_CONNECTIONS, "too many connections for this user")
+            raise ConnectionRefused(close_codes.TOO_MANY_CONNECTIONS, "too many connections for this user")
         held.close_owed = False
         held.confirmed = True
         held.written = frozenset(channels)

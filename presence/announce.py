@@ -27,7 +27,7 @@ from presence.scripts import ANNOUNCE, presence_key
 from presence.store import record_failure
 from relay import metrics
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import Channel, User
 
 logger = logging.getLogger("presence")
@@ -61,7 +61,7 @@ def member_added(
         return
     if announce(str(channel.environment_id), user.external_id, publish):
         # A count: the ids would be a membership graph in a log file.
-        log_event(logger, "presence.announced", user=user.external_id, watchers=len(watchers))
+        log_event(logger, Event.PRESENCE_ANNOUNCED, user=user.external_id, watchers=len(watchers))
 
 
 def announce(environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]]) -> bool | None:

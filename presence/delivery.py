@@ -31,7 +31,7 @@ from relay import metrics
 from relay.clock import LoopClock, Periodic
 from relay.frames import PresenceChanged, PresenceOccupancy, PresenceStatus
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.loops import PerLoop
 from relay.registry import Connection
 
@@ -67,7 +67,7 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
         # payload must never reach a client.
         if fanout().first_sight_of_invalid(message):
             metrics.PRESENCE_INVALID_PAYLOADS.inc()
-            log_event(logger, "presence.invalid_payload", logging.ERROR, subject=subject_of(message))
+            log_event(logger, Event.PRESENCE_INVALID_PAYLOAD, logging.ERROR, subject=subject_of(message))
         return
     if isinstance(transition, StatusChange):
         await _deliver_status(conn, transition, dedup)
@@ -193,7 +193,7 @@ class Fanout:
                 # One connection's failure must not cost the other watchers their frame. The type
                 # only: a write's error may quote the frame it could not send.
                 metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
-                log_event(logger, "presence.failed", logging.ERROR, op="deliver", error=type(error).__name__)
+                log_event(logger, Event.PRESENCE_FAILED, logging.ERROR, op="deliver", error=type(error).__name__)
 
     # ── large channels: occupancy instead of people ──────────────────────────
     def modes(self, channel_ids: Collection[str], large: Collection[str]) -> None:

@@ -584,6 +584,4 @@ class RateLimited(FrameError):
     """Too many presence updates on one connection; `retry_after_ms` says when the next is taken."""
 
     def __init__(self, retry_after_ms: int, frame_type: str) -> None:
-        super().__init__(
-            "rate_limited", "too many presence updates; slow down", frame_type, {"retry_after_ms": retry_after_ms}
-        )
+        super().__init__("rate_limited", "too many presence updates; slow down", frame_type, retry_after_ms)

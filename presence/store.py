@@ -40,7 +40,7 @@ from presence.scripts import (
 )
 from relay import metrics, redis_clients
 from relay.batching import GroupCommit
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.transport.hiredis import pack_with_hiredis
 from webhooks.stream import reap_streams, user_stream_keys
 
@@ -65,7 +65,7 @@ def _short(error: BaseException) -> str:
 def record_failure(op: str, error: BaseException) -> None:
     """Log `presence.failed {op, error}` once for one failed operation, without a traceback."""
     metrics.PRESENCE_FAILURES.labels(op=op).inc()
-    log_event(logger, "presence.failed", logging.ERROR, op=op, error=_short(error))
+    log_event(logger, Event.PRESENCE_FAILED, logging.ERROR, op=op, error=_short(error))
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ once it exists.
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Model, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
 from relay import reconcile
 from relay.models import ApiKey, Channel, Environment, Membership, User
@@ -126,7 +127,22 @@ class EnvironmentAdmin(admin.ModelAdmin):
     def channel_count(self, obj: Environment) -> int:
         return obj._channels
 
-    @admin.action(description="Rotate the token signing secret (invalidates every token, closes every connection)")
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        # Django drops an action the user may not run from the list and answers its POST with a
+        # "no action selected" redirect; refused outright instead, so a script sees it was refused.
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action in self.actions and action not in self.get_actions(request):
+            raise PermissionDenied(f"not permitted: {action}")
+        return super().changelist_view(request, extra_context)
+
+    def has_issue_api_key_permission(self, request: HttpRequest) -> bool:
+        """Issuing a key is adding one: the `relay.add_apikey` permission."""
+        return request.user.has_perm("relay.add_apikey")
+
+    @admin.action(
+        description="Rotate the token signing secret (invalidates every token, closes every connection)",
+        permissions=["change"],
+    )
     def rotate_signing_secret(self, request: HttpRequest, queryset: QuerySet) -> None:
         for environment in queryset:
             reconcile.rotate_secret(environment)
@@ -136,7 +152,7 @@ class EnvironmentAdmin(admin.ModelAdmin):
             "their open connections close within one refresh interval.",
         )
 
-    @admin.action(description="Issue a new API key (shown once)")
+    @admin.action(description="Issue a new API key (shown once)", permissions=["issue_api_key"])
     def issue_api_key(self, request: HttpRequest, queryset: QuerySet) -> None:
         for environment in queryset:
             _, secret = ApiKey.issue(environment, label=f"issued in admin by {request.user}")

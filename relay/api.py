@@ -21,8 +21,8 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
-from relay import membership
-from relay.exceptions import ApiError, InvalidToken
+from relay import membership, rate_limits
+from relay.exceptions import ApiError, InvalidToken, LimitReached
 from relay.frames import DisplayName, Identifier, StrictModel, describe_validation_error
 from relay.models import API_KEY_PREFIX, ApiKey, Channel, Environment, User, hash_api_key
 from relay.tokens import DEFAULT_TTL_SECONDS, mint_token, verify_token
@@ -147,6 +147,7 @@ def authenticate(request: HttpRequest) -> Environment:
     if key is None:
         raise ApiError(401, "unauthorized", "unknown or revoked API key")
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+    request.api_key_id = key.pk
     return key.environment
 
 
@@ -192,7 +193,10 @@ def endpoint(*methods: str, authenticated: bool = True, readers: bool = False) -
                     request.environment = authenticate(request)
                 return view(request, *args, **kwargs)
             except ApiError as error:
-                return error_response(error.status, error.code, error.message)
+                response = error_response(error.status, error.code, error.message)
+                for header, value in error.headers.items():
+                    response[header] = value
+                return response
 
         return wrapper
 
@@ -284,7 +288,7 @@ def channels(request: HttpRequest) -> HttpResponse:
 
 @endpoint("PUT", "DELETE")
 @documented(
-    PUT=Operation("Add a member (live)", {201: MemberOut, 200: MemberOut}, tags=("channels",)),
+    PUT=Operation("Add a member (live)", {201: MemberOut, 200: MemberOut, 409: ErrorBody}, tags=("channels",)),
     DELETE=Operation("Remove a member (live)", {204: None}, tags=("channels",)),
 )
 def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
@@ -292,7 +296,10 @@ def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
     channel = get_channel(request.environment, channel_id)
     user = get_user(request.environment, user_id)
     if request.method == "PUT":
-        added = membership.add_member(channel, user)
+        try:
+            added = membership.add_member(channel, user, capped=True)
+        except LimitReached as reached:
+            raise ApiError(409, "limit_reached", str(reached)) from None
         return JsonResponse(MemberOut(channel=str(channel.id), user=user.external_id), status=201 if added else 200)
     membership.remove_member(channel, user)
     return HttpResponse(status=204)
@@ -300,10 +307,16 @@ def member(request: HttpRequest, channel_id: str, user_id: str) -> HttpResponse:
 
 @endpoint("POST")
 @documented(
-    POST=Operation("Mint a connection token", {201: TokenOut, 404: ErrorBody}, body=TokenBody, tags=("tokens",))
+    POST=Operation(
+        "Mint a connection token", {201: TokenOut, 404: ErrorBody, 429: ErrorBody}, body=TokenBody, tags=("tokens",)
+    )
 )
 def tokens(request: HttpRequest) -> HttpResponse:
     """POST /v1/tokens: mint a connection token for one of the environment's users."""
+    if (wait_ms := rate_limits.tokens().refused(request.api_key_id)) is not None:
+        # Whole seconds, rounded up: Retry-After takes no fractions.
+        retry_after = str(-(-wait_ms // 1000))
+        raise ApiError(429, "rate_limited", "too many tokens minted with this key", {"Retry-After": retry_after})
     body = parse_body(request, TokenBody)
     if body.ttl_seconds > settings.RELAY_MAX_TOKEN_TTL_S:
         raise ApiError(400, "invalid_request", f"ttl_seconds must be at most {settings.RELAY_MAX_TOKEN_TTL_S}")

@@ -8,11 +8,13 @@ class RelayConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        # The receivers that carry every membership change to live connections.
-        from relay import membership  # noqa: F401
-        from relay.transport import autobahn_debug, pending_output, websocket_options
+        # The receivers that carry every membership change to live connections, and that let a
+        # new tenant's tokens in at once.
+        from relay import membership, tokens  # noqa: F401
+        from relay.transport import autobahn_debug, inbound_backpressure, pending_output, websocket_options
 
         # Before Daphne builds its WebSocket factory and protocols, when this process is Daphne.
         websocket_options.install()
         autobahn_debug.install()
         pending_output.install(settings.RELAY_MAX_PENDING_BYTES)
+        inbound_backpressure.install()

@@ -9,134 +9,35 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
 from autobahn.exception import Disconnected
-from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from relay import membership, metrics, reconcile, registry
-from relay.batching import GroupCommit
+from relay import close_codes, membership, metrics, rate_limits, reconcile, registry
+from relay.connect_reads import ConnectRead, log_hook_failure, read_channel_ids, read_connect
 from relay.exceptions import ConnectionRefused, FrameError, InvalidToken, OutputBacklogFull
 from relay.frames import ConnectionAck, Envelope, ErrorPayload, describe_validation_error
-from relay.logging import log_event
-from relay.loops import PerLoop
-from relay.models import Environment, User
-from relay.queries import channel_ids_of_user, channel_ids_of_users, users_by_external_id
-from relay.tokens import authenticate
+from relay.logging import Event, log_event
+from relay.models import User
+from relay.transport.channels_dispatch import DispatchWithoutCleanup
 
 logger = logging.getLogger(__name__)
 
-CLOSE_UNAUTHORIZED = 4401
 # What sending on a socket the client closed raises: Daphne (autobahn) its Disconnected, servers
 # following ASGI 2.4 an OSError.
 SOCKET_GONE = (Disconnected, OSError)
-CLOSE_TOO_MANY_CONNECTIONS = 4429
-# The client read too slowly: its unsent output passed RELAY_MAX_PENDING_BYTES (relay/transport/pending_output.py).
-CLOSE_SLOW_READER = 4008
-
-
-def log_hook_failure(hook: str, error: Exception) -> None:
-    """Log an extension's failure by name and exception type only (no traceback, nothing secret)."""
-    log_event(logger, "connection.hook_failed", logging.ERROR, hook=hook, error=type(error).__name__)
-
-
-@dataclass
-class ConnectRead:
-    """What a connect reads from the database: the user, their channels, and each extension's `load`."""
-
-    user: User
-    channel_ids: set[str]
-    loaded: dict[registry.Extension, Any] = field(default_factory=dict)
-
-
-def _read_connects(reads: list[tuple[str | None, list[registry.Extension]]]) -> list[ConnectRead | Exception]:
-    """Each (token, extensions)'s read, or the exception that refused or failed it.
-
-    The batch shares its reads: one query for the users of each environment, one for all their
-    channels, one `load` per extension. A token that does not verify, or names no user, is its
-    own InvalidToken; a database error fails every connect whose token verified.
-    """
-    outcomes: list[ConnectRead | Exception] = []
-    subjects: dict[uuid.UUID, tuple[Environment, dict[int, str]]] = {}
-    for index, (token, _) in enumerate(reads):
-        try:
-            environment, subject = authenticate(token)
-        except Exception as error:
-            outcomes.append(error)
-        else:
-            outcomes.append(InvalidToken("unknown user"))  # unless the read below finds the user
-            subjects.setdefault(environment.id, (environment, {}))[1][index] = subject
-    found: dict[int, ConnectRead] = {}
-    try:
-        for environment_id, (environment, wanted) in subjects.items():
-            users = users_by_external_id(environment_id, set(wanted.values()))
-            for index, subject in wanted.items():
-                if (user := users.get(subject)) is not None:
-                    user.environment = environment  # the cached one, as select_related would
-                    found[index] = ConnectRead(user=user, channel_ids=set())
-        channels = channel_ids_of_users([read.user.pk for read in found.values()])
-    except Exception as error:
-        for _, wanted in subjects.values():
-            for index in wanted:
-                outcomes[index] = error
-        return outcomes
-    for index, read in found.items():
-        read.channel_ids = channels.get(read.user.pk, set())
-        outcomes[index] = read
-    for ext in dict.fromkeys(ext for _, extensions in reads for ext in extensions):
-        if type(ext).load is not registry.Extension.load:
-            _load(ext, [read for index, read in found.items() if ext in reads[index][1]])
-    return outcomes
-
-
-def _load(ext: registry.Extension, connects: list[ConnectRead]) -> None:
-    if not connects:
-        return
-    try:
-        loaded = list(ext.load([(read.user, frozenset(read.channel_ids)) for read in connects]))
-        if len(loaded) != len(connects):
-            raise ValueError(f"{len(loaded)} results for {len(connects)} connects")
-    except Exception as error:
-        # The extension does without (as a failed hook would); the connections still open.
-        log_hook_failure(f"{type(ext).__name__}.load", error)
-        return
-    for read, value in zip(connects, loaded, strict=True):
-        read.loaded[ext] = value
-
-
-_read_in_worker = database_sync_to_async(_read_connects)
-
-# The connect path's database hop, shared by the connects of one event loop that wait for it
-# (relay.batching). A connect reads its token, user, channels and every extension's `load` in ONE
-# worker-thread hop, because the hop itself (the handoff to the thread and back, Django's
-# connection bookkeeping on both sides, the GIL passed between the threads) costs more than the
-# reads in it.
-_connect_reads = PerLoop(lambda: GroupCommit(_read_in_worker))
-
-
-async def read_connect(token: str | None, extensions: list[registry.Extension]) -> ConnectRead:
-    """Authenticate a connect and read what it needs, in the event loop's shared database hop."""
-    return await _connect_reads().submit((token, extensions))
 
 
 # Releases in flight (GatewayConsumer._end), held so a shielded task is not collected mid-way.
 _releases: set[asyncio.Future] = set()
 
 
-@database_sync_to_async
-def read_channel_ids(user: User) -> set[str]:
-    """Return the ids of the channels `user` belongs to."""
-    return channel_ids_of_user(user.pk)
-
-
-class GatewayConsumer(AsyncWebsocketConsumer):
+class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
     """One client connection: what the apps may use of it is `relay.registry.Connection`."""
 
     # Until `connect` sets them: a consumer can end before it ever connected (see `__call__`).
@@ -161,32 +62,52 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._end()
 
     async def connect(self) -> None:
+        """Authenticate, join the user's groups, let every app admit the connection, then accept and ack."""
         self.connection_id = uuid.uuid4().hex
+        self.frame_limit = rate_limits.frames()
         self.admitted: list[registry.Extension] = []
-        self.is_open = False
         self.state: dict[str, Any] = {}
         self.query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.loaded: dict[registry.Extension, Any] = {}
-        # The membership bus is joined (once per process) and marked BEFORE the channels are
-        # read: a change made in between is then replayed to this connection (and applied after
-        # connect) instead of lost, which would leave it in a channel it was removed from until
-        # it reconnects.
+        since = await self._follow_memberships()
+        if (read := await self._authenticate()) is None:
+            return await self._refuse(close_codes.UNAUTHORIZED)
+        await self._take(read, since)
+        try:
+            await self._admit()
+        except ConnectionRefused as refusal:
+            await self._end()
+            return await self._refuse(refusal.code)
+        await self._open()
+
+    async def _follow_memberships(self) -> object:
+        """Join the membership bus and reconciler (once per process); the bus's mark from before the read."""
+        # Marked BEFORE the channels are read: a change made in between is then replayed to this
+        # connection (and applied after connect) instead of lost, which would leave it in a
+        # channel it was removed from until it reconnects.
         self.bus = membership.bus()
         self.applied = membership.Applied()
         await self.bus.start()
         self.reconciler = reconcile.reconciler()
         await self.reconciler.start()
-        since = self.bus.mark()
+        return self.bus.mark()
+
+    async def _authenticate(self) -> ConnectRead | None:
+        """The connect's read (user, channels, every app's `load`); None when the token is refused."""
         try:
             # Popped: no hook needs the token after this, and an idle connection need not keep it.
-            read = await read_connect(self.query.pop("token", [None])[0], registry.extensions)
+            return await read_connect(self.query.pop("token", [None])[0], registry.extensions)
         except InvalidToken:
-            # Accepted then closed, so a browser client sees the 4401 (a refused
-            # handshake is only ever a 1006 to JavaScript). Nothing else is sent.
-            metrics.REFUSED.labels(code=str(CLOSE_UNAUTHORIZED)).inc()
-            await self.accept()
-            await self.close(code=CLOSE_UNAUTHORIZED)
-            return
+            return None
+
+    async def _refuse(self, code: int) -> None:
+        """Accept, then close with `code`: a browser only ever sees a refused handshake as 1006."""
+        metrics.REFUSED.labels(code=str(code)).inc()
+        await self.accept()
+        await self.close(code=code)
+
+    async def _take(self, read: ConnectRead, since: object) -> None:
+        """Keep what the read found, catch up with the bus, and join every app's groups of the channels."""
         self.user, self.channel_ids, self.loaded = read.user, read.channel_ids, read.loaded
         self.environment_id = str(self.user.environment_id)
         self.user_id = self.user.external_id
@@ -197,26 +118,23 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.channel_ids = await read_channel_ids(self.user)
         # Every app's groups, before any admit reads anything (registry.Extension.group).
         await self.channel_layer.group_add_many(self._groups(self.channel_ids), self.channel_name)
-        try:
-            for ext in registry.extensions:
-                await ext.admit(self)
-                self.admitted.append(ext)
-        except ConnectionRefused as refusal:
-            metrics.REFUSED.labels(code=str(refusal.code)).inc()
-            await self._end()
-            await self.accept()
-            await self.close(code=refusal.code)
-            return
+
+    async def _admit(self) -> None:
+        """Each app's `admit`, in order; ConnectionRefused from any of them refuses the connection."""
+        for ext in registry.extensions:
+            await ext.admit(self)
+            self.admitted.append(ext)
+
+    async def _open(self) -> None:
+        """Accept, send `connection.ack`, then every admitted app's `opened`."""
         await self.accept()
         self.is_open = True
         self.reconciler.add(self)
         metrics.CONNECTS.inc()
         metrics.CONNECTIONS_OPEN.inc()
-        log_event(logger, "connection.opened", connection_id=self.connection_id, user=self.user_id)
-        await self.send_frame(
-            "connection.ack",
-            ConnectionAck(connection_id=self.connection_id, user=self.user_id, channels=sorted(self.channel_ids)),
-        )
+        log_event(logger, Event.CONNECTION_OPENED, connection_id=self.connection_id, user=self.user_id)
+        ack = ConnectionAck(connection_id=self.connection_id, user=self.user_id, channels=sorted(self.channel_ids))
+        await self.send_frame("connection.ack", ack)
         for ext in self.admitted:
             await self._guarded(ext.opened, "opened")
         # The loads served admit and opened; kept, they would cost every idle connection their size.
@@ -245,7 +163,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.is_open = False
             metrics.CLOSES.inc()
             metrics.CONNECTIONS_OPEN.dec()
-            log_event(logger, "connection.closed", connection_id=self.connection_id, user=self.user_id)
+            log_event(logger, Event.CONNECTION_CLOSED, connection_id=self.connection_id, user=self.user_id)
 
     def _groups(self, channel_ids: Iterable[str]) -> list[str]:
         """Every extension's group of each of `channel_ids`."""
@@ -281,16 +199,22 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         The size is Daphne's to enforce (1 MiB of bytes per message and per frame, closed 1009
         before the frame is buffered), so a frame that gets here is within it.
         """
+        if (wait := self.frame_limit.refused(self.connection_id)) is not None:
+            # Before anything is parsed or read: the excess costs the instance one error frame.
+            await self.send_error("rate_limited", "too many frames; slow down", retry_after_ms=wait)
+            return
         frame_type = None
         try:
             route, frame_type, payload = self._read(text_data)
             await route.handler(self, payload)
         except FrameError as error:
-            await self.send_error(error.code, error.message, error.frame_type or frame_type, error.details)
+            await self.send_error(
+                error.code, error.message, error.frame_type or frame_type, retry_after_ms=error.retry_after_ms
+            )
         except Exception as error:
             # One line, by type only: an exception's text may quote what the client sent. The
             # traceback, which may too, only where DEBUG is on.
-            log_event(logger, "frame.failed", logging.ERROR, type=frame_type, error=type(error).__name__)
+            log_event(logger, Event.FRAME_FAILED, logging.ERROR, type=frame_type, error=type(error).__name__)
             logger.debug("frame.failed: traceback", exc_info=error)
             await self.send_error("internal", "the server failed to handle this frame", frame_type)
 
@@ -340,15 +264,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         handler = registry.events.get(message_type)
         if handler is not None:
             await handler(self, message)
-            return
-        # Not super().dispatch(): Channels runs close_old_connections() in the sync worker thread
-        # before EVERY handler, a thread hop per connect, client frame and close (a quarter of a
-        # connect's thread work). Relay touches the database only through database_sync_to_async,
-        # which does the same around each call, where the connection is actually used.
-        method = getattr(self, get_handler_name(message), None)
-        if method is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await method(message)
+        else:
+            await super().dispatch(message)
 
     async def websocket_disconnect(self, message: dict) -> None:
         """The socket closed: the consumer stops, and `__call__` releases it."""
@@ -386,7 +303,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if added or removed:
             log_event(
                 logger,
-                "membership.repaired",
+                Event.MEMBERSHIP_REPAIRED,
                 connection_id=self.connection_id,
                 user=self.user_id,
                 added=len(added),
@@ -396,9 +313,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def connection_revoke(self, event: dict) -> None:
         """The environment's token secret was rotated: close with 4401, as a refused token is."""
         self.revoked = True
-        log_event(logger, "connection.revoked", connection_id=self.connection_id, user=self.user_id)
+        log_event(logger, Event.CONNECTION_REVOKED, connection_id=self.connection_id, user=self.user_id)
         with contextlib.suppress(*SOCKET_GONE):
-            await self.close(code=CLOSE_UNAUTHORIZED)
+            await self.close(code=close_codes.UNAUTHORIZED)
 
     # ── sending ──────────────────────────────────────────────────────────────
     async def send_frame(self, frame_type: str, payload: Mapping[str, Any]) -> None:
@@ -423,22 +340,22 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.slow = True
         log_event(
             logger,
-            "connection.slow",
+            Event.CONNECTION_SLOW,
             logging.WARNING,
             connection_id=self.connection_id,
             user=self.user_id,
             pending_bytes=pending_bytes,
         )
         with contextlib.suppress(*SOCKET_GONE):
-            await self.close(code=CLOSE_SLOW_READER)
+            await self.close(code=close_codes.SLOW_READER)
 
     async def send_error(
-        self, code: str, message: str, frame_type: str | None = None, details: Mapping[str, int] | None = None
+        self, code: str, message: str, frame_type: str | None = None, *, retry_after_ms: int | None = None
     ) -> None:
-        """Send an `error` frame (with `details` among its fields); the socket stays open."""
+        """Send an `error` frame; the socket stays open."""
         payload = ErrorPayload(code=code, message=message)
         if frame_type is not None:
             payload["type"] = frame_type
-        if details:
-            payload.update(details)
+        if retry_after_ms is not None:
+            payload["retry_after_ms"] = retry_after_ms
         await self.send_frame("error", payload)

@@ -18,24 +18,34 @@ class FrameError(Exception):
     """A client frame is refused; answered with an `error` frame (naming `frame_type` if known) and the socket kept."""
 
     def __init__(
-        self, code: str, message: str, frame_type: str | None = None, details: dict[str, int] | None = None
+        self, code: str, message: str, frame_type: str | None = None, retry_after_ms: int | None = None
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.frame_type = frame_type
-        # More fields of the `error` payload (`retry_after_ms` of `rate_limited`).
-        self.details = details or {}
+        # With `rate_limited`: when the next such frame would be taken.
+        self.retry_after_ms = retry_after_ms
 
 
 class ApiError(Exception):
-    """An HTTP API call is refused with `status` and a JSON error body."""
+    """An HTTP API call is refused with `status`, a JSON error body and any `headers` (Retry-After)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers or {}
+
+
+class LimitReached(Exception):
+    """A membership would pass RELAY_MAX_CHANNELS_PER_USER or RELAY_MAX_MEMBERS_PER_CHANNEL; `setting` names which."""
+
+    def __init__(self, setting: str, limit: int) -> None:
+        super().__init__(f"{setting} ({limit}) reached")
+        self.setting = setting
+        self.limit = limit
 
 
 class OutputBacklogFull(Exception):

@@ -117,6 +117,12 @@ class MessageSend(StrictModel):
     text: MessageText
 
 
+class Resume(StrictModel):
+    """`resume`: the cursor, as the first frame of a connection opened with `resume=frame`."""
+
+    cursor: dict[ChannelId, Annotated[int, Field(ge=0, strict=True)]]
+
+
 class Capability(StrictModel):
     """Enrolment attributes of an agent instance; never used for routing."""
 
@@ -335,7 +341,7 @@ class ErrorPayload(TypedDict):
     message: str
     # The offending frame's type, when it is known.
     type: NotRequired[str]
-    # With `rate_limited`: when the next such frame would be taken.
+    # `rate_limited`: how long to wait before the connection's next frame is accepted.
     retry_after_ms: NotRequired[int]
 
 

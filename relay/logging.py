@@ -1,6 +1,6 @@
 """The log format and the event vocabulary (docs/contract.md, 6. Log vocabulary).
 
-Events are logged as `log_event(logger, "presence.published", user=..., ...)`: the
+Events are logged as `log_event(logger, Event.PRESENCE_PUBLISHED, user=..., ...)`: the
 record's message is the event name and its fields travel on the record, so tests
 can assert them with `caplog` and both formatters can render them. Nothing secret
 (tokens, API keys, message text, lists of channel ids) is ever passed as a field.
@@ -8,6 +8,7 @@ can assert them with `caplog` and both formatters can render them. Nothing secre
 
 import logging
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -16,7 +17,44 @@ FIELDS_ATTR = "event_fields"
 _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
 
 
-def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+class Event(StrEnum):
+    """Every event Relay logs; those docs/contract.md lists under "Log vocabulary" are contract."""
+
+    AGENT_DEREGISTERED = "agent.deregistered"
+    AGENT_FAILED = "agent.failed"
+    AGENT_REGISTERED = "agent.registered"
+    AGENT_REJECTED = "agent.rejected"
+    AGENT_SWEEP_FAILED = "agent.sweep_failed"
+    AGENT_SWEPT = "agent.swept"
+    CONNECTION_CLOSED = "connection.closed"
+    CONNECTION_HOOK_FAILED = "connection.hook_failed"
+    CONNECTION_OPENED = "connection.opened"
+    CONNECTION_REVOKED = "connection.revoked"
+    CONNECTION_SLOW = "connection.slow"
+    FRAME_FAILED = "frame.failed"
+    LAYER_DISCONNECTED = "layer.disconnected"
+    LAYER_RECONNECTED = "layer.reconnected"
+    MEMBERSHIP_INVALID_EVENT = "membership.invalid_event"
+    MEMBERSHIP_LISTENER_FAILED = "membership.listener_failed"
+    MEMBERSHIP_NOTIFY_FAILED = "membership.notify_failed"
+    MEMBERSHIP_REPAIRED = "membership.repaired"
+    MESSAGE_FAILED = "message.failed"
+    MESSAGE_FANOUT_FAILED = "message.fanout_failed"
+    MESSAGE_INVALID_EVENT = "message.invalid_event"
+    MESSAGE_RESUME_FAILED = "message.resume_failed"
+    MESSAGE_RESUMED = "message.resumed"
+    MESSAGE_STORED = "message.stored"
+    PRESENCE_ANNOUNCED = "presence.announced"
+    PRESENCE_FAILED = "presence.failed"
+    PRESENCE_INVALID_PAYLOAD = "presence.invalid_payload"
+    PRESENCE_PUBLISHED = "presence.published"
+    PRESENCE_SUPPRESSED = "presence.suppressed"
+    RATE_LIMIT_FAILED = "rate_limit.failed"
+    RECONCILE_FAILED = "reconcile.failed"
+    RECONCILE_NOTIFY_FAILED = "reconcile.notify_failed"
+
+
+def log_event(logger: logging.Logger, event: Event | str, level: int = logging.INFO, **fields: Any) -> None:
     """Log one event of the vocabulary with its fields."""
     logger.log(level, event, extra={FIELDS_ATTR: fields})
 

@@ -20,13 +20,15 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import Signal, receiver
 
+from relay.exceptions import LimitReached
 from relay.layer import channel_layer, publish_notice
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.loops import PerLoop, SharedOnce
 from relay.models import Channel, Membership, User
 
@@ -68,7 +70,7 @@ class MembershipBus:
             user_pk = int(message["user"])
             message["version"] = int(message["version"])
         except (KeyError, TypeError, ValueError):
-            log_event(logger, "membership.invalid_event", logging.ERROR)
+            log_event(logger, Event.MEMBERSHIP_INVALID_EVENT, logging.ERROR)
             return
         self.seq += 1
         self.recent.append((self.seq, user_pk, message))
@@ -118,14 +120,33 @@ class MembershipBus:
 bus = PerLoop(MembershipBus)
 
 
-def add_member(channel: Channel, user: User) -> bool:
-    """Make `user` a member of `channel`; return False when they already were."""
+def add_member(channel: Channel, user: User, *, capped: bool = False) -> bool:
+    """Make `user` a member of `channel`; return False when they already were.
+
+    `capped`: raise LimitReached, adding nothing, when the user already belongs to
+    RELAY_MAX_CHANNELS_PER_USER channels or the channel has RELAY_MAX_MEMBERS_PER_CHANNEL members.
+    """
     try:
         with transaction.atomic():
+            if capped:
+                _hold_to_the_caps(channel, user)
             Membership.objects.create(channel=channel, user=user)
     except IntegrityError:
         return False
     return True
+
+
+def _hold_to_the_caps(channel: Channel, user: User) -> None:
+    # The user's row, then the channel's, locked in that order by every capped add: concurrent
+    # adds to one user or one channel are counted one after the other, and never deadlock.
+    list(User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
+    list(Channel.objects.select_for_update().filter(pk=channel.pk).values_list("pk", flat=True))
+    if Membership.objects.filter(channel=channel, user=user).exists():
+        return  # already a member: the create below answers that
+    if Membership.objects.filter(user=user).count() >= settings.RELAY_MAX_CHANNELS_PER_USER:
+        raise LimitReached("RELAY_MAX_CHANNELS_PER_USER", settings.RELAY_MAX_CHANNELS_PER_USER)
+    if Membership.objects.filter(channel=channel).count() >= settings.RELAY_MAX_MEMBERS_PER_CHANNEL:
+        raise LimitReached("RELAY_MAX_MEMBERS_PER_CHANNEL", settings.RELAY_MAX_MEMBERS_PER_CHANNEL)
 
 
 def remove_member(channel: Channel, user: User) -> bool:
@@ -186,7 +207,7 @@ def _added(channel: Channel, user: User, membership_id: int | None, version: int
     for _, outcome in added:
         # The membership stands whatever a listener does: it is durable and already made.
         if isinstance(outcome, Exception):
-            log_event(logger, "membership.listener_failed", logging.ERROR, error=type(outcome).__name__)
+            log_event(logger, Event.MEMBERSHIP_LISTENER_FAILED, logging.ERROR, error=type(outcome).__name__)
 
 
 def _notify(user_pk: int, channel_id: uuid.UUID, member: bool, version: int | None) -> None:
@@ -201,7 +222,7 @@ def _notify(user_pk: int, channel_id: uuid.UUID, member: bool, version: int | No
             {"type": EVENT, "user": user_pk, "channel": str(channel_id), "member": member, "version": version},
         )
     except Exception as error:
-        log_event(logger, "membership.notify_failed", logging.ERROR, error=type(error).__name__)
+        log_event(logger, Event.MEMBERSHIP_NOTIFY_FAILED, logging.ERROR, error=type(error).__name__)
 
 
 @dataclass

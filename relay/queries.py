@@ -2,7 +2,7 @@
 
 Every WebSocket connect needs them, and through the ORM building and compiling the queries cost
 several times the reads themselves (docs/performance.md). Each read takes a whole batch of
-connects (the ones sharing a database hop, relay.consumers): one query per table for the batch,
+connects (the ones sharing a database hop, relay.connect_reads): one query per table for the batch,
 not one per connect. Table and column names come from the models, and parameters and UUID
 results go through the fields' own conversions, so SQLite and PostgreSQL read the same.
 """

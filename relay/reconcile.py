@@ -31,7 +31,7 @@ from django.db import transaction
 from relay import tokens
 from relay.clock import Clock, LoopClock, Periodic
 from relay.layer import channel_layer, publish_notice
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment
 from relay.queries import membership_versions, versioned_channel_ids
@@ -67,7 +67,7 @@ def _announce_rotation(environment_id: str) -> None:
         publish_notice(SECRETS_GROUP, {"type": "secret.rotated", "environment": environment_id})
     except Exception as error:
         # The rotation stands; each instance's next round closes the connections.
-        log_event(logger, "reconcile.notify_failed", logging.ERROR, error=type(error).__name__)
+        log_event(logger, Event.RECONCILE_NOTIFY_FAILED, logging.ERROR, error=type(error).__name__)
 
 
 class Reconciler:
@@ -160,7 +160,7 @@ def _secret_versions(environment_ids: set[str]) -> dict[str, str]:
 
 
 def _round_failed(error: Exception) -> None:
-    log_event(logger, "reconcile.failed", logging.ERROR, op="round", error=type(error).__name__)
+    log_event(logger, Event.RECONCILE_FAILED, logging.ERROR, op="round", error=type(error).__name__)
 
 
 # The reconciler of the running event loop.

@@ -11,12 +11,11 @@ query string (a connection token travels in /v1/ws's). Every option is Daphne's 
 import argparse
 import asyncio
 import gc
-import logging
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import uvloop
+
+from relay.transport.daphne_server import command_line, lean_log_records
 
 # Python's defaults (700, 10, 10) walk every object of every held connection in a full
 # collection every 70,000 net allocations: on 10,000 idle connections those pauses were the
@@ -28,53 +27,12 @@ GC_THRESHOLDS = (50_000, 50, 100)
 LISTEN_BACKLOG = 1024
 
 
-def _lean_log_records() -> None:
-    # Relay's formatters never show a record's thread, process or source line; the logging
-    # HOWTO's "Optimization" section names these switches for not collecting them.
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
-    logging._srcfile = None
-
-
-class WithoutQueryStrings:
-    """An access logger (Daphne's `action_logger`) that passes every line on without its query string.
-
-    The query string of /v1/ws holds the connection token, and Daphne's HTTP lines print the whole
-    URI; no other path's query is worth a credential in a log file.
-    """
-
-    def __init__(self, access_log: Callable[[str, str, dict], Any]) -> None:
-        self.access_log = access_log
-
-    def __call__(self, protocol: str, action: str, details: dict) -> None:
-        path = details.get("path")
-        if isinstance(path, str) and "?" in path:
-            details = {**details, "path": path.partition("?")[0]}
-        self.access_log(protocol, action, details)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Install uvloop's event loop policy, then hand the command line to Daphne."""
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    # Imported only now: daphne.server builds its loop (and installs Twisted's reactor) when it is
-    # first imported.
-    from daphne.cli import CommandLineInterface
-    from daphne.server import Server
-
-    class RelayServer(Server):
-        """Daphne's server, its access log (when one is asked for) without query strings."""
-
-        def __init__(self, *args: Any, action_logger: Callable | None = None, **kwargs: Any) -> None:
-            quiet = None if action_logger is None else WithoutQueryStrings(action_logger)
-            super().__init__(*args, action_logger=quiet, **kwargs)
-
-    class RelayCommandLine(CommandLineInterface):
-        server_class = RelayServer
-
-    _lean_log_records()
+    lean_log_records()
     gc.set_threshold(*GC_THRESHOLDS)
-    RelayCommandLine().run(daphne_arguments(sys.argv[1:] if argv is None else argv))
+    command_line().run(daphne_arguments(sys.argv[1:] if argv is None else argv))
 
 
 def daphne_arguments(argv: list[str]) -> list[str]:

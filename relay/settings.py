@@ -221,12 +221,26 @@ if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
 # four-byte characters is that big, and every connection must be able to take one.
 DEFAULT_MAX_PENDING_BYTES = 4 * 1024 * 1024
 RELAY_MAX_PENDING_BYTES = env_int("RELAY_MAX_PENDING_BYTES", DEFAULT_MAX_PENDING_BYTES, minimum=64 * 1024)
+# Frames a connection may send a second, with bursts of twice as many (relay/rate_limits.py);
+# the excess is answered `rate_limited` and does nothing else.
+DEFAULT_RATE_FRAMES_PER_S = 50
+RELAY_RATE_FRAMES_PER_S = env_int("RELAY_RATE_FRAMES_PER_S", DEFAULT_RATE_FRAMES_PER_S, minimum=1)
+
+# ── What a tenant can create (PUT /v1/channels/<id>/members/<user> past either: 409 limit_reached) ─
+DEFAULT_MAX_CHANNELS_PER_USER = 1_000
+RELAY_MAX_CHANNELS_PER_USER = env_int("RELAY_MAX_CHANNELS_PER_USER", DEFAULT_MAX_CHANNELS_PER_USER, minimum=1)
+DEFAULT_MAX_MEMBERS_PER_CHANNEL = 100_000
+RELAY_MAX_MEMBERS_PER_CHANNEL = env_int("RELAY_MAX_MEMBERS_PER_CHANNEL", DEFAULT_MAX_MEMBERS_PER_CHANNEL, minimum=1)
 
 # ── Connection tokens ────────────────────────────────────────────────────────
 # The longest a connection token may live (exp - iat), minted by POST /v1/tokens or by a
 # tenant's backend: a token is a bearer credential carried in a URL, good until it expires.
 DEFAULT_MAX_TOKEN_TTL_S = 86_400
 RELAY_MAX_TOKEN_TTL_S = env_int("RELAY_MAX_TOKEN_TTL_S", DEFAULT_MAX_TOKEN_TTL_S, minimum=1)
+# Tokens one API key may mint a second through POST /v1/tokens, across every instance (counted
+# in RELAY_REDIS_URL); past it, 429 with Retry-After.
+DEFAULT_RATE_TOKENS_PER_S = 100
+RELAY_RATE_TOKENS_PER_S = env_int("RELAY_RATE_TOKENS_PER_S", DEFAULT_RATE_TOKENS_PER_S, minimum=1)
 
 # ── Metrics ──────────────────────────────────────────────────────────────────
 # The bearer token a Prometheus scrape of /metrics must send; unset, only loopback clients may
@@ -237,6 +251,10 @@ RELAY_METRICS_TOKEN = env_str("RELAY_METRICS_TOKEN")
 DEFAULT_AGENT_TTL_MS = 30_000
 RELAY_AGENT_TTL_MS = env_int("RELAY_AGENT_TTL_MS", DEFAULT_AGENT_TTL_MS, minimum=1)
 RELAY_AGENT_SWEEP_MS = env_int("RELAY_AGENT_SWEEP_MS", max(1, RELAY_AGENT_TTL_MS // 3), minimum=1)
+# Agent registrations one identity may hold: each is a row every sweep and listing reads, so one
+# identity registering without end would slow them for the whole tenant.
+DEFAULT_MAX_AGENTS_PER_USER = 100
+RELAY_MAX_AGENTS_PER_USER = env_int("RELAY_MAX_AGENTS_PER_USER", DEFAULT_MAX_AGENTS_PER_USER, minimum=1)
 
 # ── Webhooks (docs/webhooks.md) ──────────────────────────────────────────────
 DEFAULT_WEBHOOK_TIMEOUT_MS = 10_000

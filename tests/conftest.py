@@ -222,8 +222,10 @@ async def close_presence_service() -> AsyncIterator[None]:
 
 @pytest.fixture
 def empty_secret_cache() -> None:
-    """Start with no environment's signing secret cached in this process."""
+    """Start with no environment's signing secret, nor the list of environments, cached in this process."""
     tokens._environments.clear()
+    tokens._rechecked.clear()
+    tokens._known = (float("-inf"), frozenset())
 
 
 @pytest.fixture

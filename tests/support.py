@@ -109,6 +109,12 @@ def add_channel(tenant: Tenant, name: str, kind: str, members: tuple[str, ...]) 
 # ── live instances ────────────────────────────────────────────────────────────
 def http(method: str, url: str, body: Any = None, api_key: str | None = None) -> tuple[int, Any]:
     """Make one HTTP call; return the status and the decoded JSON body (or None)."""
+    status, decoded, _ = http_with_headers(method, url, body, api_key)
+    return status, decoded
+
+
+def http_with_headers(method: str, url: str, body: Any = None, api_key: str | None = None) -> tuple[int, Any, dict]:
+    """Make one HTTP call; return the status, the decoded JSON body (or None) and the response headers."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")
@@ -117,11 +123,11 @@ def http(method: str, url: str, body: Any = None, api_key: str | None = None) ->
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             raw = response.read()
-            status = response.status
+            status, headers = response.status, dict(response.headers)
     except urllib.error.HTTPError as error:
         raw = error.read()
-        status = error.code
-    return status, (json.loads(raw) if raw else None)
+        status, headers = error.code, dict(error.headers)
+    return status, (json.loads(raw) if raw else None), headers
 
 
 def status_of(url: str, bearer: str | None = None) -> int:

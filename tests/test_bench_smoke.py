@@ -63,6 +63,9 @@ KEYS = {
     "hugeroom.redis_cmds_per_connect_vs_small",
     "hugeroom.occupancy_lag_p99_ms",
     "hugeroom.snapshot_bytes",
+    "fairness.innocent_p90_ratio",
+    "fairness.flooder_rss_growth_mb",
+    "fairness.rate_limited_errors",
 }
 PEER_KEYS = {
     "notify.p50_ms",

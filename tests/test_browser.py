@@ -11,6 +11,7 @@ the browser has stopped (fixture order sees to both).
 """
 
 import asyncio
+import itertools
 import json
 import re
 import shutil
@@ -362,6 +363,7 @@ def scripted_relay(script: Script) -> Iterator[ScriptedRelay]:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     server = ScriptedRelay(script)
+    server.loop = loop  # for a test that waits on the server's coroutines
     asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(10)
     try:
         yield server
@@ -420,4 +422,79 @@ def test_the_browser_client_resumes_from_the_highest_contiguous_seq_after_a_4008
         assert seen == {"messages": [1, 2, 3, 4], "closes": [4008], "errors": ["internal"]}
         assert [connection.cursor for connection in server.connections] == [{CHANNEL: 0}, {CHANNEL: 1}]
         assert server.history_requests == []
+        page.evaluate("window.client.close()")
+
+
+RUN_CLIENT_WITH = """async ([url, options]) => {
+    const { RelayClient } = await import("/static/web/client.js");
+    window.seen = [];
+    window.client = new RelayClient({ url, token: "t", gapWaitMs: 60000, ...options });
+    window.client.addEventListener("message", (event) => window.seen.push(event.detail.seq));
+    await window.client.connect();
+}"""
+
+
+def test_the_browser_client_retries_a_server_that_acknowledges_then_closes_ever_more_slowly(chromium, relays):
+    opened: list[float] = []
+
+    async def ack_then_close(connection: Connection) -> None:
+        opened.append(asyncio.get_running_loop().time())
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        await connection.socket.close(1011, "resume_failed")
+
+    (relay,) = relays(1)
+    page = chromium.open("scripted")
+    page.goto(f"{relay.http_url}/healthz")
+    base_ms = 20
+    with scripted_relay(ack_then_close) as server:
+        page.evaluate(RUN_CLIENT_WITH, [server.url, {"cursor": {CHANNEL: 0}, "retryBaseMs": base_ms}])
+        asyncio.run_coroutine_threadsafe(server.connection(6), server.loop).result(WAIT_MS / 1000)
+        page.evaluate("window.client.close()")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(opened)]
+    # Each wait is at least half its ceiling, and the ceiling doubles: the ack alone resets nothing.
+    for failures, gap in enumerate(gaps[:6]):
+        assert gap >= base_ms / 1000 * 2**failures / 2, (failures, gaps)
+
+
+def test_the_browser_client_sends_a_cursor_too_long_for_a_url_as_the_first_frame(chromium, relays):
+    cursor = {f"0b9e3c55-1d1f-4d9a-9a50-{n:012d}": 1 for n in range(400)} | {CHANNEL: 2}
+
+    async def script(connection: Connection) -> None:
+        first = await connection.next_frame()
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        if first == {"type": "resume", "payload": {"cursor": cursor}}:
+            await connection.send("message.created", message(CHANNEL, 3))
+        await connection.drain()
+
+    (relay,) = relays(1)
+    page = chromium.open("scripted")
+    page.goto(f"{relay.http_url}/healthz")
+    with scripted_relay(script) as server:
+        page.evaluate(RUN_CLIENT_WITH, [server.url, {"cursor": cursor}])
+        page.wait_for_function("window.seen.length === 1", timeout=WAIT_MS)
+        assert page.evaluate("window.seen") == [3]
+        assert server.connections[0].query == {"token": "t", "resume": "frame"}
+        page.evaluate("window.client.close()")
+
+
+def test_the_browser_client_sends_again_what_was_refused_rate_limited(chromium, relays):
+    async def limit_the_first(connection: Connection) -> None:
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        first = await connection.next_frame()
+        await connection.send("error", {"code": "rate_limited", "message": "slow down", "retry_after_ms": 50})
+        again = await connection.next_frame()
+        if again == first:
+            payload = again["payload"]
+            ack = {"idem_key": payload["idem_key"], "id": "m-1", "channel": CHANNEL, "seq": 1}
+            await connection.send("message.ack", ack)
+        await connection.drain()
+
+    (relay,) = relays(1)
+    page = chromium.open("scripted")
+    page.goto(f"{relay.http_url}/healthz")
+    with scripted_relay(limit_the_first) as server:
+        page.evaluate(RUN_CLIENT_WITH, [server.url, {"cursor": {CHANNEL: 0}}])
+        ack = page.evaluate(f"window.client.send({json.dumps(CHANNEL)}, 'hello')")
+        assert (ack["seq"], ack["channel"]) == (1, CHANNEL)
+        assert [frame["type"] for frame in server.connections[0].received] == ["message.send", "message.send"]
         page.evaluate("window.client.close()")

@@ -17,6 +17,7 @@ from django.db import DatabaseError
 from chat import handlers
 from chat.actions import send_message
 from chat.handlers import chat_group
+from relay import close_codes
 from tests.chat_helpers import send_payload, store_history
 from tests.support import Socket, until
 
@@ -271,7 +272,7 @@ async def test_a_failed_backfill_says_so_and_closes_so_the_client_resumes_again(
     await linh.wait_for(lambda s: s.close_code is not None)
 
     assert error["code"] == "resume_failed"
-    assert linh.close_code == handlers.CLOSE_RESUME_FAILED
+    assert linh.close_code == close_codes.RESUME_FAILED
     assert linh.seqs() == []
     failures = [r for r in caplog.records if r.getMessage() == "message.resume_failed"]
     assert [r.levelno for r in failures] == [logging.ERROR]

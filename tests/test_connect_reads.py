@@ -9,7 +9,7 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from presence.extension import PresenceExtension
-from relay import consumers, registry
+from relay import connect_reads, registry
 from relay.asgi import application
 from relay.exceptions import InvalidToken
 from relay.models import User
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("empty_secret_cache")
 @pytest.mark.django_db(transaction=True)
 async def test_connects_waiting_for_the_database_hop_share_the_next_one(acme, monkeypatch):
     hops: list[list] = []
-    read_in_worker = consumers._read_in_worker
+    read_in_worker = connect_reads._read_in_worker
 
     async def a_slow_first_hop(reads):
         hops.append([token for token, _ in reads])
@@ -30,7 +30,7 @@ async def test_connects_waiting_for_the_database_hop_share_the_next_one(acme, mo
             await asyncio.sleep(0.3)  # the others arrive meanwhile
         return await read_in_worker(reads)
 
-    monkeypatch.setattr(consumers, "_read_in_worker", a_slow_first_hop)
+    monkeypatch.setattr(connect_reads, "_read_in_worker", a_slow_first_hop)
     tokens = [acme.token("linh"), acme.token("tuan"), "forged", acme.token("hermit")]
     communicators = [WebsocketCommunicator(application, f"/v1/ws?token={token}") for token in tokens]
     first = asyncio.ensure_future(communicators[0].connect(timeout=5))
@@ -68,7 +68,7 @@ def test_a_hop_reads_its_connects_users_channels_and_co_members_with_one_query_e
         (acme.token("linh"), [presence]),  # her second device, in the same batch
     ]
     with CaptureQueriesContext(connection) as queries:
-        linh, hermit, forged, nobody, globex_linh, tuan, linh_again = consumers._read_connects(reads)
+        linh, hermit, forged, nobody, globex_linh, tuan, linh_again = connect_reads._read_connects(reads)
     # Each connect gets its own user, channels and co-members, never another's of the batch.
     assert (linh.user.external_id, linh.user.environment) == ("linh", acme.environment)
     assert linh.channel_ids == {str(acme.channels["fleet"].id), str(acme.channels["general"].id)}
@@ -94,8 +94,8 @@ def test_a_database_error_fails_the_hops_verified_connects_and_a_forged_token_st
     def unavailable(user_pks):
         raise OperationalError("database is locked")
 
-    monkeypatch.setattr(consumers, "channel_ids_of_users", unavailable)
-    linh, forged = consumers._read_connects([(acme.token("linh"), []), ("forged", [])])
+    monkeypatch.setattr(connect_reads, "channel_ids_of_users", unavailable)
+    linh, forged = connect_reads._read_connects([(acme.token("linh"), []), ("forged", [])])
     assert isinstance(linh, OperationalError)
     assert isinstance(forged, InvalidToken)
 
@@ -107,7 +107,7 @@ def test_a_failing_load_is_logged_and_its_connects_open_without_it(acme, monkeyp
         raise OperationalError("database is locked")
 
     monkeypatch.setattr(presence, "load", broken)
-    (linh,) = consumers._read_connects([(acme.token("linh"), [presence])])
+    (linh,) = connect_reads._read_connects([(acme.token("linh"), [presence])])
     assert linh.user.external_id == "linh" and presence not in linh.loaded
     failures = events(caplog, "connection.hook_failed")
     assert failures == [{"hook": "PresenceExtension.load", "error": "OperationalError"}]

@@ -8,7 +8,7 @@ from channels.testing import WebsocketCommunicator
 from pydantic import BaseModel, ConfigDict
 
 from relay import registry
-from relay.consumers import CLOSE_UNAUTHORIZED
+from relay.close_codes import UNAUTHORIZED
 from relay.logging import event_fields
 from relay.tokens import mint_token
 from tests.support import events, next_frame, open_communicator
@@ -34,7 +34,7 @@ async def test_a_user_of_no_channel_is_acknowledged_with_none(acme):
 
 async def assert_closed_4401(communicator: WebsocketCommunicator) -> None:
     output = await communicator.receive_output(timeout=3)
-    assert output == {"type": "websocket.close", "code": CLOSE_UNAUTHORIZED}
+    assert output == {"type": "websocket.close", "code": UNAUTHORIZED}
     assert await communicator.receive_nothing(timeout=0.1)
 
 

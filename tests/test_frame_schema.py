@@ -71,7 +71,7 @@ def described(field: dict, schema: dict) -> dict:
         return {"anyOf": sorted((described(member, schema) for member in members), key=str)}
     if field.get("type") == "array":
         return {"type": "array", "items": described(field["items"], schema)}
-    if field.get("type") == "object" and "additionalProperties" in field:
+    if field.get("type") == "object" and isinstance(field.get("additionalProperties"), dict):
         values = field["additionalProperties"]
         if "$ref" in values:
             # A map of id to an object (rich presence's statuses): the client checks it is one.

@@ -6,7 +6,7 @@ sends a token in a plain HTTP request's query string: none of those tokens may b
 
 import pytest
 
-from relay.serve import WithoutQueryStrings
+from relay.transport.daphne_server import WithoutQueryStrings
 from tests.chat_helpers import send_payload
 from tests.support import WAIT, WsClient, connect, status_of, timings
 

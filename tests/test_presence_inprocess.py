@@ -22,11 +22,11 @@ from django.contrib.auth import get_user_model
 
 from devtools.embedded_redis import free_port
 from presence import actions
-from presence.actions import CLOSE_TOO_MANY_CONNECTIONS
 from presence.fabric import group_name, transition_message
 from presence.models import UserStatus
 from presence.scripts import connections_key, presence_key
 from relay.asgi import application
+from relay.close_codes import TOO_MANY_CONNECTIONS
 from tests.support import Socket, add_channel, add_user, barrier, close_all, events, published, until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
@@ -126,7 +126,7 @@ async def test_the_limit_closes_the_next_connection_4429_and_changes_nothing(acm
     second = await Socket.open(acme.token("tuan"))
     await second.next_of("presence.snapshot")
     refused = await Socket.open(acme.token("tuan"))
-    assert await refused.closed() == CLOSE_TOO_MANY_CONNECTIONS
+    assert await refused.closed() == TOO_MANY_CONNECTIONS
     assert refused.frames == []
     assert redis_client.zcard(connections_key(str(acme.environment.id), "tuan")) == 2
     # A slot frees when a connection closes.

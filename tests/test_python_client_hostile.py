@@ -6,6 +6,7 @@ repeat one, or make a send land twice.
 """
 
 import asyncio
+import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -351,4 +352,47 @@ async def test_a_channel_the_first_connection_does_not_know_yet_is_read_from_its
         assert app.seqs(other) == [1, 2, 3] and app.seqs(CHANNEL) == []
         assert client.cursor == {CHANNEL: 0, other: 3}
         assert not [event for event in app.events if isinstance(event, Reconnected)]
+        await client.close()
+
+
+async def test_a_server_that_acknowledges_then_closes_is_retried_ever_more_slowly():
+    opened: list[float] = []
+
+    async def ack_then_close(connection: Connection) -> None:
+        opened.append(asyncio.get_running_loop().time())
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        await connection.socket.close(1011, "resume_failed")
+
+    base = 0.02
+    async with ScriptedRelay(ack_then_close) as server:
+        client = reader(server.url, retry_base=base, retry_cap=10.0)
+        await asyncio.wait_for(client.connect(), 30)
+        await server.connection(6)
+        await client.close()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(opened)]
+    # Each wait is at least half its ceiling, and the ceiling doubles: an acknowledgement alone
+    # does not count as the connection having worked.
+    for failures, gap in enumerate(gaps[:6]):
+        assert gap >= base * 2**failures / 2, (failures, gaps)
+
+
+async def test_a_send_refused_rate_limited_goes_again_after_the_wait_and_lands_once():
+    async def limit_the_first(connection: Connection) -> None:
+        await connection.hello("linh", [CHANNEL], ["linh"])
+        first = await connection.next_frame()
+        await connection.send("error", {"code": "rate_limited", "message": "slow down", "retry_after_ms": 50})
+        again = await connection.next_frame()
+        assert again == first
+        payload = again["payload"]
+        ack = {"idem_key": payload["idem_key"], "id": "m-1", "channel": CHANNEL, "seq": 1}
+        await connection.send("message.ack", ack)
+        await connection.drain()
+
+    async with ScriptedRelay(limit_the_first) as server:
+        client = reader(server.url)
+        await asyncio.wait_for(client.connect(), 30)
+        ack = await asyncio.wait_for(client.send(CHANNEL, "hello"), 30)
+        assert (ack.seq, ack.channel) == (1, CHANNEL)
+        assert [frame["type"] for frame in server.connections[0].received] == ["message.send", "message.send"]
+        assert len(server.connections) == 1
         await client.close()

@@ -2,7 +2,8 @@
 
 import logging
 
-from relay.serve import LISTEN_BACKLOG, _lean_log_records, daphne_arguments
+from relay.serve import LISTEN_BACKLOG, daphne_arguments
+from relay.transport.daphne_server import lean_log_records
 
 
 def test_a_bind_and_port_become_daphnes_endpoint_with_a_deep_listen_queue():
@@ -55,7 +56,7 @@ def test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows(monkeypat
     monkeypatch.setattr(logger, "propagate", False)
     try:
         logger.info("before")
-        _lean_log_records()
+        lean_log_records()
         logger.info("after")
     finally:
         logger.removeHandler(handler)

@@ -1,13 +1,15 @@
 """Token lifetime is capped (RELAY_MAX_TOKEN_TTL_S), however and wherever a token was minted.
 
 Linh's token from POST /v1/tokens, and tokens acme's own backend mints with the environment's
-secret: a lifetime over the cap, or an `iat` ahead of the clock by more than the skew, is refused.
+secret: a lifetime over the cap, an `iat` ahead of the clock by more than the skew, or an `exp`
+that has passed (by any margin), is refused.
 """
 
 from datetime import UTC, datetime, timedelta
 
 import jwt
 import pytest
+from channels.db import database_sync_to_async
 
 from relay.exceptions import InvalidToken
 from relay.tokens import CLOCK_SKEW_SECONDS, mint_token, verify_token
@@ -87,4 +89,23 @@ async def test_a_live_instance_refuses_over_long_and_future_tokens_with_4401(acm
     tuan = await WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={foreign(acme, 'tuan', lifetime=DAY)}")
     assert (await tuan.next_of("connection.ack"))["user"] == "tuan"
     await tuan.close()
+    await linh.close()
+
+
+@pytest.mark.live
+async def test_a_token_past_its_exp_is_refused_with_4401_while_one_issued_ahead_within_the_skew_opens(
+    acme, live_instances
+):
+    (gw,) = live_instances(1, **timings())
+    # Expired a second ago: well within the skew a clock may have, and refused all the same.
+    expired = foreign(acme, "linh", lifetime=60, issued_in=-61)
+    refused = await WsClient.open(gw.ws_url(expired))
+    assert await refused.closed(WAIT) == 4401
+    assert refused.frames == []
+    with pytest.raises(InvalidToken):
+        await database_sync_to_async(verify_token)(expired)
+    # The skew is for `iat`: a backend whose clock runs ahead still gets its users in.
+    ahead = foreign(acme, "linh", lifetime=600, issued_in=CLOCK_SKEW_SECONDS - 5)
+    linh = await WsClient.open(gw.ws_url(ahead))
+    assert (await linh.next_of("connection.ack"))["user"] == "linh"
     await linh.close()

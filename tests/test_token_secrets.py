@@ -73,3 +73,26 @@ def test_unknown_environments_are_not_cached(acme):
         verify_token(_signed(stranger, ELSEWHERE, "linh"))
     assert verify_token(acme.token("linh")).external_id == "linh"
     assert set(tokens._environments) == {acme.environment.id}
+
+
+def test_forged_tokens_cost_no_query_each(acme, django_assert_max_num_queries):
+    assert verify_token(acme.token("linh")).external_id == "linh"  # acme's secret cached now
+    forged_signature = [_signed(acme.environment, ELSEWHERE, "linh") for _ in range(50)]
+    forged_environment = [_signed(Environment(id=uuid.uuid4()), ELSEWHERE, "linh") for _ in range(50)]
+    # One read of acme's row after the first bad signature; for the first unknown environment, a
+    # read of its row and one of every id: then nothing, however many follow within the interval.
+    with django_assert_max_num_queries(3):
+        for token in forged_signature + forged_environment:
+            with pytest.raises(InvalidToken):
+                tokens.authenticate(token)
+    # A real token of the same environment still verifies, from the cache.
+    with django_assert_max_num_queries(0):
+        assert tokens.authenticate(acme.token("tuan"))[1] == "tuan"
+
+
+def test_a_tenant_created_in_this_process_is_let_in_at_once(make_tenant):
+    with pytest.raises(InvalidToken):
+        tokens.authenticate(_signed(Environment(id=uuid.uuid4()), ELSEWHERE, "linh"))  # the ids are read now
+    initech = make_tenant("initech")
+    initech.add_user("ana")
+    assert verify_token(initech.token("ana")).external_id == "ana"

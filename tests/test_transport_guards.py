@@ -81,9 +81,10 @@ def _version(distribution: str) -> tuple[int, ...]:
 @pytest.mark.parametrize(
     "distribution, lowest, beyond",
     [
+        ("channels", (4, 2), (4, 4)),  # relay/transport/channels_dispatch.py
         ("channels-redis", (4, 3), (4, 4)),  # relay/transport/pubsub.py
         ("redis", (5, 0), (7, 0)),  # relay/transport/hiredis.py, cluster.py
-        ("daphne", (4, 1), (4, 3)),  # relay/transport/websocket_options.py
+        ("daphne", (4, 1), (4, 3)),  # relay/transport/websocket_options.py, daphne_server.py
         ("autobahn", (26, 1), (27, 0)),  # relay/transport/websocket_options.py, autobahn_debug.py
     ],
 )
@@ -186,3 +187,107 @@ def test_autobahn_still_formats_its_connection_settings_through_its_module_name(
     monkeypatch.setattr(protocol, "pformat", pprint.pformat)
     autobahn_debug.install()
     assert protocol.pformat([("utf8validateIncoming", True, "WebSocketFactory")]) == autobahn_debug.NOT_FORMATTED
+
+
+# ── Channels' dispatch: still cleans up before every handler, which ours skips ─
+class _Recorder:
+    def __init__(self) -> None:
+        self.handled: list[dict] = []
+
+    async def chat_message(self, message: dict) -> None:
+        self.handled.append(message)
+
+
+async def test_channels_own_dispatch_still_closes_old_connections_before_each_handler(monkeypatch):
+    from channels import consumer
+
+    from relay.transport.channels_dispatch import DispatchWithoutCleanup
+
+    cleanups = []
+
+    async def counted() -> None:
+        cleanups.append(1)
+
+    monkeypatch.setattr(consumer, "aclose_old_connections", counted)
+
+    class Channels(_Recorder, consumer.AsyncConsumer):
+        pass
+
+    class Relays(DispatchWithoutCleanup, _Recorder, consumer.AsyncConsumer):
+        pass
+
+    theirs, ours = Channels(), Relays()
+    await theirs.dispatch({"type": "chat.message", "n": 1})
+    # Upstream still hops to the database thread per message: the patch still saves that hop.
+    assert (cleanups, theirs.handled) == ([1], [{"type": "chat.message", "n": 1}])
+    await ours.dispatch({"type": "chat.message", "n": 2})
+    assert (cleanups, ours.handled) == ([1], [{"type": "chat.message", "n": 2}])
+    # An unknown type fails as it does upstream.
+    for dispatcher in (theirs, ours):
+        with pytest.raises(ValueError, match=r"No handler for message type chat\.unknown"):
+            await dispatcher.dispatch({"type": "chat.unknown"})
+
+
+# ── Daphne's server: the command line still builds `server_class`, with our access logger ─
+def test_daphnes_command_line_builds_the_server_whose_access_log_has_no_query_strings(monkeypatch, tmp_path):
+    from daphne.server import Server
+
+    from relay.transport.daphne_server import command_line
+
+    built: list[Server] = []
+    monkeypatch.setattr(Server, "run", lambda server: built.append(server))
+    access_log = tmp_path / "access.log"
+    command_line().run(["--access-log", str(access_log), "-p", "1", "relay.asgi:application"])
+    (server,) = built
+    server.log_action("websocket", "connected", {"path": "/v1/ws?token=secret", "client": "127.0.0.1:1"})
+    line = {"path": "/healthz?token=secret", "status": 200, "method": "GET", "client": "127.0.0.1:1", "size": 2}
+    server.log_action("http", "complete", line)
+    server.action_logger.access_log.stream.flush()
+    lines = access_log.read_text()
+    assert "/v1/ws" in lines and "/healthz" in lines
+    assert "secret" not in lines and "token" not in lines
+
+
+# ── inbound backpressure: Daphne still queues each frame in onMessage, and pausing holds ─
+async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_socket(monkeypatch):
+    import asyncio
+
+    from daphne.ws_protocol import WebSocketProtocol
+    from twisted.internet import reactor
+
+    from relay.transport import inbound_backpressure
+
+    class Transport:
+        disconnected = False
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def pauseProducing(self) -> None:
+            self.calls.append("pause")
+
+        def resumeProducing(self) -> None:
+            self.calls.append("resume")
+
+    checks: list[tuple] = []
+    monkeypatch.setattr(reactor, "callLater", lambda delay, *call: checks.append(call))
+    monkeypatch.setattr(WebSocketProtocol, "onMessage", WebSocketProtocol.onMessage)
+    inbound_backpressure.install()
+    protocol = WebSocketProtocol()
+    protocol.application_queue, protocol.muted, protocol.client_addr = asyncio.Queue(), False, ("127.0.0.1", 1)
+    protocol.transport = Transport()
+    for _ in range(inbound_backpressure.MAX_QUEUED_FRAMES):
+        protocol.onMessage(b"{}", False)
+    # Daphne's own behaviour, which the patch relies on: one queued message per frame, in order.
+    assert protocol.application_queue.qsize() == inbound_backpressure.MAX_QUEUED_FRAMES
+    assert protocol.application_queue.get_nowait() == {"type": "websocket.receive", "text": "{}"}
+    assert protocol.transport.calls == []
+    protocol.onMessage(b"{}", False)
+    protocol.onMessage(b"{}", False)
+    assert protocol.transport.calls == ["pause"]
+    # Taken below half: the check that was scheduled resumes reading.
+    while protocol.application_queue.qsize() > inbound_backpressure.MAX_QUEUED_FRAMES // 2:
+        protocol.application_queue.get_nowait()
+    check, *arguments = checks[0]
+    check(*arguments)
+    assert protocol.transport.calls == ["pause", "resume"]

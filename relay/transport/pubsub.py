@@ -41,7 +41,7 @@ import redis
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer, RedisSingleShardConnection
 from channels_redis.utils import _wrap_close
 
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.loops import SharedOnce
 from relay.redis_clients import is_layer_redis
 from relay.transport.hiredis import pack_with_hiredis
@@ -129,7 +129,9 @@ class _Shard(RedisSingleShardConnection):
             self._unsent.update(channels)
             if not self._reconnecting:
                 self._reconnecting = True
-                log_event(logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
+                log_event(
+                    logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
+                )
             if self._retrying is None or self._retrying.done():
                 self._retrying = asyncio.ensure_future(self._resubscribe())
             return False
@@ -147,7 +149,7 @@ class _Shard(RedisSingleShardConnection):
                     self._unsent.difference_update(channels)
         if self._reconnecting and self._pubsub is not None and self._pubsub.subscribed:
             self._reconnecting = False
-            log_event(logger, "layer.reconnected")
+            log_event(logger, Event.LAYER_RECONNECTED)
 
     async def unsubscribe(self, channel: str) -> None:
         """Unsubscribe from one channel (see `unsubscribe_many`)."""
@@ -183,7 +185,7 @@ class _Shard(RedisSingleShardConnection):
                     # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
                     if self._reconnecting and not self._unsent:
                         self._reconnecting = False
-                        log_event(logger, "layer.reconnected")
+                        log_event(logger, Event.LAYER_RECONNECTED)
                     if message is not None and message["type"] == "subscribe":
                         self._confirm(message["channel"])
                     elif message is not None and message["type"] in ("message", "pmessage"):
@@ -203,7 +205,7 @@ class _Shard(RedisSingleShardConnection):
                 if not self._reconnecting:
                     self._reconnecting = True
                     log_event(
-                        logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
+                        logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
                     )
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue

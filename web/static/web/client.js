@@ -55,6 +55,9 @@
  * @typedef {"presence" | "status" | "message" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
  */
 
+// Past this many characters of cursor the URL would near the server's 16 KB request head: the
+// cursor goes as the connection's first frame instead (`resume=frame`).
+const MAX_URL_CURSOR_CHARS = 4096;
 export const CLOSE_UNAUTHORIZED = 4401;
 export const CLOSE_TOO_MANY = 4429;
 const REFUSALS = new Set([CLOSE_UNAUTHORIZED, CLOSE_TOO_MANY]);
@@ -134,6 +137,7 @@ export class RelayClient extends EventTarget {
   #retryBaseMs;
   #retryCapMs;
   #device;
+  #stableAfterMs;
 
   /** @type {string | null} */
   #user = null;
@@ -163,6 +167,7 @@ export class RelayClient extends EventTarget {
   #started = false;
   #stopped = false;
   #failures = 0;
+  #retrying = false; // sends refused `rate_limited` are to go again
   /** @type {{code: number, token: string} | null} */
   #refused = null;
   /** @type {ReturnType<typeof setTimeout> | undefined} */
@@ -180,6 +185,8 @@ export class RelayClient extends EventTarget {
    * @param {number} [options.retryBaseMs] the reconnect back-off's first step
    * @param {number} [options.retryCapMs] and its ceiling
    * @param {string} [options.device] this connection's kind for presence: web, mobile, desktop or bot
+   * @param {number} [options.stableAfterMs] how long a connection must stay up before the back-off starts again
+   *   from its first step (a server that acknowledges and then closes at once is retried ever more slowly)
    */
   constructor({
     token,
@@ -190,6 +197,7 @@ export class RelayClient extends EventTarget {
     retryBaseMs = 500,
     retryCapMs = 30_000,
     device = "web",
+    stableAfterMs = 30_000,
   }) {
     super();
     if (!DEVICES.includes(device)) throw new RangeError(`device is one of ${DEVICES.join(", ")}`);
@@ -202,6 +210,7 @@ export class RelayClient extends EventTarget {
     this.#openTimeoutMs = openTimeoutMs;
     this.#retryBaseMs = retryBaseMs;
     this.#retryCapMs = retryCapMs;
+    this.#stableAfterMs = stableAfterMs;
   }
 
   /** The user ids online among the user's co-members: the snapshot, then every change. */
@@ -368,11 +377,17 @@ export class RelayClient extends EventTarget {
     }
     this.#refused = null;
     let query = `token=${encodeURIComponent(token)}&device=${this.#device}`;
-    if (this.#positions.size) query += `&cursor=${encodeURIComponent(JSON.stringify(Object.fromEntries(this.#positions)))}`;
+    const cursor = this.#positions.size ? JSON.stringify(Object.fromEntries(this.#positions)) : null;
+    // A cursor that would bring the URL near the server's 16 KB request head goes as the first frame.
+    const byFrame = cursor !== null && cursor.length > MAX_URL_CURSOR_CHARS;
+    if (byFrame) query += "&resume=frame";
+    else if (cursor !== null) query += `&cursor=${encodeURIComponent(cursor)}`;
     const socket = new WebSocket(`${this.#url}/v1/ws?${query}`);
     const serial = ++this.#serial;
     this.#socket = socket;
+    if (byFrame) socket.onopen = () => socket.send(`{"type":"resume","payload":{"cursor":${cursor}}}`);
     let acked = false;
+    let ackedAt = 0;
     let snapshotted = false;
     // The ack and the snapshot must come in time; after them, nothing is due.
     const deadline = setTimeout(() => snapshotted || socket.close(1000, "no ack and snapshot in time"), this.#openTimeoutMs);
@@ -383,6 +398,7 @@ export class RelayClient extends EventTarget {
       if (!acked) {
         if (frame.type !== "connection.ack") return;
         acked = true;
+        ackedAt = Date.now();
         this.#onAck(frame.payload);
         return;
       }
@@ -402,7 +418,8 @@ export class RelayClient extends EventTarget {
         }
         this.#refused = { code: event.code, token };
       }
-      if (acked) this.#failures = 0;
+      // An acknowledgement alone is not a connection that worked: it must also have stayed up.
+      if (acked && Date.now() - ackedAt >= this.#stableAfterMs) this.#failures = 0;
       this.#retry(event.code, acked && serial === this.#serial);
     };
   }
@@ -497,6 +514,8 @@ export class RelayClient extends EventTarget {
         this.#pending.delete(`${payload.channel} ${payload.idem_key}`);
         request.resolve(payload);
       }
+    } else if (type === "error" && payload.code === "rate_limited") {
+      this.#sendAgainAfter(payload.retry_after_ms ?? 1000);
     } else if (type === "error") {
       const refusal = () => Object.assign(new Error(`${payload.code}: ${payload.message}`), payload);
       if (payload.type === "message.send" && this.#refuseOldestSend(payload)) return;
@@ -547,6 +566,26 @@ export class RelayClient extends EventTarget {
     this.#pending.delete(oldest[0]);
     oldest[1].reject(Object.assign(new Error(`${error.code}: ${error.message}`), { code: error.code }));
     return true;
+  }
+
+  /**
+   * The server names no frame in a `rate_limited` error: every send in flight on this connection
+   * goes again once the wait is over (a send is idempotent; one answered meanwhile is gone).
+   * @param {number} delayMs
+   */
+  #sendAgainAfter(delayMs) {
+    if (this.#retrying) return;
+    this.#retrying = true;
+    const serial = this.#serial;
+    setTimeout(() => {
+      this.#retrying = false;
+      if (serial !== this.#serial) return; // a new connection sent them all already
+      for (const request of this.#pending.values()) {
+        if (request.sent?.[0] !== serial) continue;
+        request.sent = null;
+        this.#transmit(request);
+      }
+    }, delayMs);
   }
 
   /** @param {SendRequest} request */

@@ -95,6 +95,9 @@ AGENT_TTL = 30.0
 DEREGISTER_WAIT = 5.0
 # Frames are at most 1 MiB on the server's side; a message.created of 16,384 characters is far below.
 MAX_FRAME_BYTES = 2**21
+# Past this many bytes of cursor the URL would near the server's 16 KB request head: the cursor
+# goes as the connection's first frame instead (`resume=frame`).
+MAX_URL_CURSOR_BYTES = 4096
 
 _END = object()
 
@@ -122,14 +125,17 @@ class Client:
         open_timeout: float = 10.0,
         retry_base: float = 0.5,
         retry_cap: float = 30.0,
+        stable_after: float = 30.0,
         device: str = "web",
     ) -> None:
         """`url`: the instance's base, `ws://host:port`. `token`: a str, or a (sync or async) callable
         called for a fresh token before every connection; a sync one runs in a worker thread.
         `cursor`: `{channel: last seq the application has}` to start from (default: each channel's
         whole history comes first). `gap_wait`: how long a skipped seq may be merely late before the
-        history is read. `retry_base`/`retry_cap`: the reconnect back-off, in seconds. `device`: this
-        connection's kind for presence (`web`, `mobile`, `desktop` or `bot`)."""
+        history is read. `retry_base`/`retry_cap`: the reconnect back-off, in seconds; it starts again
+        from `retry_base` only after a connection stayed up `stable_after` seconds (a server that
+        acknowledges and then closes at once is retried ever more slowly, not every `retry_base`).
+        `device`: this connection's kind for presence (`web`, `mobile`, `desktop` or `bot`)."""
         if device not in DEVICES:
             raise ValueError(f"device is one of {', '.join(DEVICES)}")
         self._device = device
@@ -146,6 +152,7 @@ class Client:
         self._gap_wait = gap_wait
         self._open_timeout = open_timeout
         self._retry_base, self._retry_cap = retry_base, retry_cap
+        self._stable_after = stable_after
 
         self._user: str | None = None
         self._channels: frozenset[str] = frozenset()
@@ -166,6 +173,7 @@ class Client:
         self._serial = 0  # counts connections; a task started for one checks it is still current
         self._live = False  # from connection.ack until the connection closes
         self._send_lock = asyncio.Lock()
+        self._retrying = False  # requests refused `rate_limited` are to go again
         self._order = itertools.count()
         self._runner: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None  # what connect() waits for
@@ -395,6 +403,19 @@ class Client:
         request.future.set_exception(refusal)
         return True
 
+    async def _send_again_after(self, serial: int, delay: float) -> None:
+        """After `delay`, send every request the connection `serial` carried and has not answered again."""
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._retrying = False
+        if serial != self._serial:
+            return  # a new connection sent them all already
+        for request in list(self._pending.values()):
+            if request.sent is not None and request.sent[0] == serial:
+                request.sent = None
+                await self._transmit(request)
+
     def _check_open(self) -> None:
         if self._failure is not None:
             raise self._failure
@@ -421,13 +442,13 @@ class Client:
                         raise REFUSALS[refused[0]]()
                     refused = None
                     try:
-                        code, acked = await self._session(token)
+                        code, stable = await self._session(token)
                     except (OSError, TimeoutError, WebSocketException, ProtocolError) as error:
                         if not self._was_ready:
                             raise ConnectFailed(f"{self._url}: {_describe(error)}") from error
                         logger.info("connecting to %s failed: %s", self._url, _describe(error))
-                        code, acked = None, False
-                    if acked:
+                        code, stable = None, False
+                    if stable:
                         failures = 0
                     if code in REFUSALS:
                         if isinstance(self._token_source, str):
@@ -462,16 +483,28 @@ class Client:
         return token
 
     async def _session(self, token: str) -> tuple[int, bool]:
-        """One connection: open it, read its frames until it closes; return (close code, acknowledged)."""
+        """One connection: open it, read its frames until it closes; return (close code, stayed up).
+
+        Stayed up: acknowledged, and open for `stable_after` seconds.
+        """
         url = f"{self._url}/v1/ws?token={quote(token, safe='')}&device={self._device}"
-        if self._positions:
-            url += "&cursor=" + quote(json.dumps(self._positions, separators=(",", ":")), safe="")
+        cursor = json.dumps(self._positions, separators=(",", ":")) if self._positions else None
+        by_frame = cursor is not None and len(cursor) > MAX_URL_CURSOR_BYTES
+        if by_frame:
+            url += "&resume=frame"
+        elif cursor is not None:
+            url += "&cursor=" + quote(cursor, safe="")
         ws = await websockets.connect(url, open_timeout=self._open_timeout, close_timeout=5, max_size=MAX_FRAME_BYTES)
         self._serial += 1
         self._ws = ws
         acked = False
+        acked_at = 0.0
         code = 1006
+        loop = asyncio.get_running_loop()
         try:
+            if by_frame:
+                # First, before anything else this connection sends: the server holds live messages till then.
+                await ws.send('{"type":"resume","payload":{"cursor":' + cursor + "}}")
             # The ack and the snapshot must come within the open timeout; after them, nothing is due.
             deadline = asyncio.get_running_loop().time() + self._open_timeout
             snapshotted = False
@@ -491,7 +524,7 @@ class Client:
                     if not isinstance(frame, ConnectionAck):
                         logger.warning("ignored a %s before connection.ack", type(frame).__name__)
                         continue
-                    acked = True
+                    acked, acked_at = True, loop.time()
                     await self._on_ack(frame)
                     continue
                 if isinstance(frame, PresenceSnapshot):
@@ -499,7 +532,7 @@ class Client:
                 await self._on_frame(frame)
         except ConnectionClosed:
             code = ws.close_code or 1006
-            return code, acked
+            return code, acked and loop.time() - acked_at >= self._stable_after
         finally:
             self._live = False
             if self._ws is ws:
@@ -566,6 +599,12 @@ class Client:
                 self._answer(("Register", frame.instance), frame)
             case DeregisterAck():
                 self._answer(("Deregister", frame.instance), frame)
+            case Error(code="rate_limited"):
+                # The server names no frame here: every request in flight goes again once the wait
+                # is over (each is idempotent; one that was answered meanwhile is skipped).
+                if not self._retrying:
+                    self._retrying = True
+                    self._spawn(self._send_again_after(self._serial, (frame.retry_after_ms or 1000) / 1000))
             case Error():
                 if not self._refuse(frame):
                     self._emit(frame)

@@ -113,7 +113,7 @@ class Error:
     code: str
     message: str
     type: str | None = None
-    # With `rate_limited`: when the server takes the next such frame.
+    # `rate_limited`: how long to wait before the connection's next frame is accepted.
     retry_after_ms: int | None = None
 
 
@@ -123,6 +123,13 @@ class MessageSend:
     idem_key: str
     channel: str
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The cursor, sent first on a connection opened with `resume=frame` (a cursor too long for a URL)."""
+
+    cursor: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +186,7 @@ SERVER_FRAMES: dict[str, type] = {
 }
 CLIENT_FRAMES: dict[str, type] = {
     "message.send": MessageSend,
+    "resume": Resume,
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
@@ -201,7 +209,7 @@ ServerFrame = (
     | DeregisterAck
     | Error
 )
-ClientFrame = MessageSend | Register | Heartbeat | Deregister | PresenceSet | PresenceActivity | PresenceQuery
+ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister | PresenceSet | PresenceActivity | PresenceQuery
 
 
 # ── the client's own events ──────────────────────────────────────────────────

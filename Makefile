@@ -11,7 +11,7 @@ CHROMIUM := /usr/bin/chromium
 REDIS_SERVER := /usr/bin/redis-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test test-postgres lint format bench bench-quick bench-smoke clean
+.PHONY: run test test-postgres lint format bench bench-quick bench-smoke chaos soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+## Three instances under random operations and random faults, the history checked against the
+## contract (docs/reliability.md). Each seed's run is kept in var/chaos/<seed>/.
+CHAOS_SEED ?= 1
+CHAOS_SEEDS ?= 1
+CHAOS_MINUTES ?= 10
+chaos: $(STAMP)
+	$(PY) -m chaos --seed $(CHAOS_SEED) --seeds $(CHAOS_SEEDS) --minutes $(CHAOS_MINUTES)
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache
 
@@ -71,3 +79,7 @@ bench-quick: $(BENCH_STAMP)
 ## Every phase at toy sizes, in seconds (CI runs it as tests/test_bench_smoke.py).
 bench-smoke: $(BENCH_STAMP)
 	$(PY) -m bench.run --smoke --out var/bench-smoke
+
+## An hour of steady churn and messages against two instances; fails on growth that does not level off.
+soak: $(BENCH_STAMP)
+	$(PY) -m chaos.soak --minutes 60

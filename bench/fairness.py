@@ -1,124 +1,209 @@
-"""The `fairness` phase: one user floods an instance from five sockets while another chats on it.
+"""`fairness`: one user floods an instance with 5 sockets while another connects, sends and waits.
 
-The innocent user connects, sends one message and waits for its ack, `rounds` times, first on a
-quiet instance and then beside the flood (each flooding socket sends `message.send` as fast as
-its socket takes them and reads what comes back, from a process of its own, so the flood's client
-work does not slow the innocent user's client). Reported: the innocent round's p90 with the
-flood over without it, how much the instance's peak RSS grew during the flood, and how many
-`rate_limited` errors the flooders got.
+The innocent user's rounds (connect, `connection.ack`, one `message.send`, its `message.ack`,
+close) run first on a quiet instance and then while the flooder's 5 sockets send `message.send`
+as fast as they can; the ratio of the two p90s is what the flood costs everyone else. The flood
+and the innocent user run in two load-generator processes, so the flood's own client CPU does
+not slow the innocent's. The flooder's `error` frames with code `rate_limited` are counted: the
+per-connection rate limit is what should keep both the ratio and the instance's memory down.
 """
 
 import asyncio
-import multiprocessing
+import itertools
 import time
-import uuid
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import websockets
 
-from bench.harness import World, daphne, say
+from bench.harness import Bench, LoadGen, daphne, peak_rss_kb, rss_kb, run_job, say
+from bench.loadgen import ACK_SECONDS, connect, emit, percentile, progress, until_acked, wait_line
 
-FLOODERS = 5
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmHWM for {pid}")
+FLOOD_SOCKETS = 5
 
 
-def _p90(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+@dataclass(frozen=True)
+class FairnessSizes:
+    # The innocent user's rounds, without the flood and then with it.
+    rounds: int
+    # How long the flood runs before the innocent user's rounds under it begin.
+    head_start_s: float
+    # A round not done in this long failed; it counts as this long (the least it cost the user).
+    round_timeout_s: float
 
 
-async def _innocent_round(url: str, channel: str) -> float:
-    started = time.perf_counter()
-    async with websockets.connect(url, open_timeout=60, proxy=None) as ws:
-        while orjson.loads(await ws.recv())["type"] != "connection.ack":
-            pass
-        idem_key = uuid.uuid4().hex
-        payload = {"idem_key": idem_key, "channel": channel, "text": "hello"}
-        await ws.send(orjson.dumps({"type": "message.send", "payload": payload}).decode())
-        while True:
-            frame = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
-            if frame["type"] == "message.ack" and frame["payload"]["idem_key"] == idem_key:
-                return time.perf_counter() - started
-            if frame["type"] == "error" and frame["payload"]["code"] == "rate_limited":
-                raise RuntimeError("the innocent user was rate limited")
+SIZES = {
+    "full": FairnessSizes(20, 2.0, 10.0),
+    "quick": FairnessSizes(20, 1.0, 10.0),
+    "smoke": FairnessSizes(3, 0.3, 1.0),
+}
+TARGETS = {
+    "fairness.innocent_p90_ratio": ("<=", 2),
+    "fairness.flooder_rss_growth_mb": ("<=", 40),
+    "fairness.rate_limited_errors": (">", 0),
+}
 
 
-async def _rounds(url: str, channel: str, rounds: int) -> list[float]:
-    return [await _innocent_round(url, channel) for _ in range(rounds)]
-
-
-async def _flood(url: str, channel: str, stop: Any, errors: list[int]) -> None:
-    async with websockets.connect(url, open_timeout=60, max_queue=None, proxy=None) as ws:
-
-        async def read() -> None:
-            async for raw in ws:
-                frame = orjson.loads(raw)
-                if frame["type"] == "error" and frame["payload"]["code"] == "rate_limited":
-                    errors[0] += 1
-
-        reader = asyncio.create_task(read())
-        text = "x" * 1024
-        while not stop.is_set():
-            payload = {"idem_key": uuid.uuid4().hex, "channel": channel, "text": text}
-            await ws.send(orjson.dumps({"type": "message.send", "payload": payload}).decode())
-        reader.cancel()
-
-
-def _flooder_process(urls: list[str], channel: str, stop: Any, errors: Any) -> None:
-    """The flood, in a process of its own (`stop` and `errors`: a multiprocessing Event and Value)."""
-    counted = [0]
-
-    async def run() -> None:
-        await asyncio.gather(*(_flood(url, channel, stop, counted) for url in urls), return_exceptions=True)
-
-    asyncio.run(run())
-    errors.value = counted[0]
-
-
-async def _measure(server_pid: int, innocent_url: str, flooder_urls: list[str], channel: str, rounds: int) -> dict:
-    quiet = await _rounds(innocent_url, channel, rounds)
-    before = _peak_rss_mb(server_pid)
-    context = multiprocessing.get_context("spawn")
-    stop, errors = context.Event(), context.Value("q", 0)
-    flooder = context.Process(target=_flooder_process, args=(flooder_urls, channel, stop, errors))
-    flooder.start()
-    await asyncio.sleep(1.0)  # the flood under way before the first round
-    flooded = await _rounds(innocent_url, channel, rounds)
-    stop.set()
-    await asyncio.get_running_loop().run_in_executor(None, flooder.join, 60)
+def run(bench: Bench, sizes: FairnessSizes) -> dict:
+    world = bench.world
+    flooder, innocent = world.users("fair-flooder", 1)[0], world.users("fair-innocent", 1)[0]
+    flood_channel, innocent_channel = world.channel("fair-flood", [flooder]), world.channel("fair-quiet", [innocent])
+    server = daphne("relay-fairness", bench.workdir)
+    innocent_job = {
+        "scenario": "bench.fairness:innocent",
+        "name": "quiet",
+        "url": server.ws_url(f"token={world.token(innocent)}"),
+        "channel": innocent_channel,
+        "rounds": sizes.rounds,
+        "timeout_s": sizes.round_timeout_s,
+    }
+    flood = None
+    try:
+        quiet = run_job(innocent_job)
+        rss_before = rss_kb(server.pid)
+        flood = LoadGen(
+            {
+                "scenario": "bench.fairness:flood",
+                "urls": [server.ws_url(f"token={world.token(flooder)}") for _ in range(FLOOD_SOCKETS)],
+                "channel": flood_channel,
+            }
+        )
+        flood.expect("ready")
+        flood.release()
+        time.sleep(sizes.head_start_s)
+        loud = run_job({**innocent_job, "name": "flooded"})
+        flood.release()
+        flooded = flood.finish()
+        peak = peak_rss_kb(server.pid)
+    finally:
+        if flood:
+            flood.kill()
+        server.stop()
+    ratio = loud["p90_ms"] / quiet["p90_ms"] if quiet["p90_ms"] else 0.0
+    growth_mb = max(0, peak - rss_before) / 1024
+    say(
+        f"fairness: innocent p90 {quiet['p90_ms']} ms quiet, {loud['p90_ms']} ms under the flood (x{ratio:.2f}, "
+        f"{loud['failed']} of {sizes.rounds} rounds failed); "
+        f"the flood sent {flooded['sent']} frames in {flooded['seconds']} s, {flooded['rate_limited']} rate_limited, "
+        f"{flooded['acks']} acks; RSS +{growth_mb:.1f} MB"
+    )
     return {
-        "fairness.innocent_p90_ratio": round(_p90(flooded) / _p90(quiet), 3),
-        "fairness.flooder_rss_growth_mb": round(_peak_rss_mb(server_pid) - before, 1),
-        "fairness.rate_limited_errors": errors.value,
-        "_fairness.innocent_p90_quiet_ms": round(_p90(quiet) * 1000, 1),
-        "_fairness.innocent_p90_flooded_ms": round(_p90(flooded) * 1000, 1),
+        "fairness.innocent_p90_ratio": round(ratio, 3),
+        "fairness.flooder_rss_growth_mb": round(growth_mb, 1),
+        "fairness.rate_limited_errors": flooded["rate_limited"],
+        "_fairness_quiet_p90_ms": quiet["p90_ms"],
+        "_fairness_flood_p90_ms": loud["p90_ms"],
+        "_fairness_quiet_failed_rounds": quiet["failed"],
+        "_fairness_flood_failed_rounds": loud["failed"],
+        "_fairness_flood_first_failure": loud["first_failure"],
+        "_fairness_flood_frames_sent": flooded["sent"],
+        "_fairness_flood_frames_per_s": round(flooded["sent"] / flooded["seconds"]) if flooded["seconds"] else 0,
+        "_fairness_flood_acks": flooded["acks"],
+        "_fairness_flood_other_errors": flooded["other_errors"],
+        "_fairness_flood_sockets_closed_by_server": flooded["closed_by_server"],
     }
 
 
-def phase_fairness(world: World, workdir: Path, rounds: int = 20) -> dict:
-    """Five flooding sockets of one user beside an innocent user's connect, send and ack."""
-    flooder, innocent = world.users("fairness-flooder", 1)[0], world.users("fairness-innocent", 1)[0]
-    channel = world.channel("fairness-room", [flooder, innocent])
-    # Room for the flooder's five sockets: the default allows five connections per user.
-    server = daphne("relay-fairness", workdir, RELAY_MAX_CONNECTIONS_PER_USER="10")
+# ── load-generator scenarios (`python -m bench.loadgen` runs them by name) ─────
+async def _round(url: str, channel: str, key: str) -> float:
+    """Connect, wait for the ack, send one message, wait for its ack, close: the ms it all took."""
+    started = time.perf_counter()
+    ws = await connect(url)
+    acked = asyncio.Event()
+    answered: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def read() -> None:
+        async for raw in ws:
+            frame = orjson.loads(raw)
+            if frame["type"] == "connection.ack":
+                acked.set()
+            elif frame["type"] in ("message.ack", "error") and not answered.done():
+                answered.set_result(frame)
+
+    reader = asyncio.create_task(read())
     try:
-        flooder_urls = [server.ws_url(f"token={world.token(flooder)}") for _ in range(FLOODERS)]
-        results = asyncio.run(
-            _measure(server.pid, server.ws_url(f"token={world.token(innocent)}"), flooder_urls, channel, rounds)
-        )
+        await until_acked(acked, ws, url)
+        payload = {"channel": channel, "idem_key": key, "text": "hello"}
+        await ws.send(orjson.dumps({"type": "message.send", "payload": payload}).decode())
+        frame = await asyncio.wait_for(answered, ACK_SECONDS)
+        took = (time.perf_counter() - started) * 1000
+        if frame["type"] == "error":
+            raise RuntimeError(f"the innocent user's send was refused: {frame['payload']}")
+        return took
     finally:
-        server.stop()
-    say(
-        f"fairness: innocent p90 {results['_fairness.innocent_p90_flooded_ms']} ms flooded, "
-        f"{results['_fairness.innocent_p90_quiet_ms']} ms quiet; RSS +{results['fairness.flooder_rss_growth_mb']} MB; "
-        f"{results['fairness.rate_limited_errors']} rate_limited"
+        await ws.close()
+        reader.cancel()
+
+
+async def innocent(job: dict) -> None:
+    """`rounds` rounds one after the other; their p90 and every round's ms (a failed one: the timeout)."""
+    took, failures = [], []
+    for n in range(job["rounds"]):
+        try:
+            one = _round(job["url"], job["channel"], f"{job['name']}-{n}")
+            took.append(await asyncio.wait_for(one, job["timeout_s"]))
+        except TimeoutError:
+            failures.append(f"round {n}: not done within {job['timeout_s']} s")
+            took.append(job["timeout_s"] * 1000)
+        except RuntimeError as error:
+            failures.append(f"round {n}: {error}")
+            took.append(job["timeout_s"] * 1000)
+    emit(
+        "result",
+        p90_ms=round(percentile(took, 90), 2),
+        ms=[round(ms, 2) for ms in took],
+        failed=len(failures),
+        first_failure=failures[0] if failures else "",
     )
-    return results
+
+
+async def flood(job: dict) -> None:
+    """Connect every URL; on the first line, send `message.send` on all of them as fast as they go; stop on the next."""
+    sockets = [await connect(url, max_queue=None) for url in job["urls"]]
+    counts = {"sent": 0, "acks": 0, "rate_limited": 0, "other_errors": 0, "closed_by_server": 0}
+    acked = [asyncio.Event() for _ in sockets]
+    stopping = False
+
+    async def read(ws: Any, ack: asyncio.Event) -> None:
+        try:
+            async for raw in ws:
+                frame = orjson.loads(raw)
+                kind = frame["type"]
+                if kind == "connection.ack":
+                    ack.set()
+                elif kind == "message.ack":
+                    counts["acks"] += 1
+                elif kind == "error":
+                    code = frame["payload"].get("code")
+                    counts["rate_limited" if code == "rate_limited" else "other_errors"] += 1
+        finally:
+            if not stopping:
+                counts["closed_by_server"] += 1
+
+    readers = [asyncio.create_task(read(ws, ack)) for ws, ack in zip(sockets, acked, strict=True)]
+    for ws, ack, url in zip(sockets, acked, job["urls"], strict=True):
+        await until_acked(ack, ws, url)
+    emit("ready")
+    await wait_line()
+    keys = itertools.count()
+
+    async def send(index: int, ws: Any) -> None:
+        while True:
+            payload = {"channel": job["channel"], "idem_key": f"f{index}-{next(keys)}", "text": "flood"}
+            await ws.send(orjson.dumps({"type": "message.send", "payload": payload}).decode())
+            counts["sent"] += 1
+            if counts["sent"] % 50 == 0:
+                await asyncio.sleep(0)  # the readers get their turn
+
+    started = time.perf_counter()
+    senders = [asyncio.create_task(send(index, ws)) for index, ws in enumerate(sockets)]
+    await wait_line()
+    seconds = time.perf_counter() - started
+    stopping = True
+    for task in senders:
+        task.cancel()
+    await asyncio.gather(*senders, return_exceptions=True)
+    progress(f"flood: {counts['sent']} frames in {seconds:.1f} s, {counts['rate_limited']} rate_limited")
+    await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    await asyncio.gather(*readers, return_exceptions=True)
+    emit("result", seconds=round(seconds, 2), **counts)

@@ -7,7 +7,8 @@ import secrets
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -212,10 +213,24 @@ class World:
 class Server:
     """A child process serving WebSockets on a port; knows its pid for /proc readings."""
 
+    # Every server this run started, by port: a failed phase names the ones its error mentions.
+    by_port: dict[int, "Server"] = {}
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], workdir: Path, port: int) -> None:
         self.name, self.port = name, port
-        self.log = (workdir / f"{name}.log").open("wb")
+        self.log_path = workdir / f"{name}.log"
+        self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(argv, cwd=BASE_DIR, env=env, stdout=self.log, stderr=self.log)
+        self.stopped = False
+        if port:
+            Server.by_port[port] = self
+
+    def describe(self, lines: int = 5) -> str:
+        """Its name, port, whether it still runs, its log's path and last lines."""
+        code = self.process.poll()
+        state = "stopped by the bench" if self.stopped else "running" if code is None else f"exited with {code}"
+        tail = self.log_path.read_text(errors="replace").splitlines()[-lines:] if self.log_path.exists() else []
+        return "\n".join([f"{self.name} (port {self.port}, {state}), log {self.log_path}:", *tail])
 
     @property
     def pid(self) -> int:
@@ -230,7 +245,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited; see its log")
+                raise RuntimeError(f"{self.name} (port {self.port}) exited before listening; see its log")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self
@@ -238,7 +253,13 @@ class Server:
                 time.sleep(0.05)
         raise RuntimeError(f"{self.name} did not listen on {self.port}")
 
+    @property
+    def died(self) -> bool:
+        """It ended without the bench stopping it."""
+        return not self.stopped and self.process.poll() is not None
+
     def stop(self) -> None:
+        self.stopped = True
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -281,6 +302,40 @@ def ceiling_server(workdir: Path) -> Server:
     ).wait_ready()
 
 
+# ── the phases ───────────────────────────────────────────────────────────────
+@dataclass
+class Bench:
+    """What every phase runs on: the mode's sizes, the world, Redis, and the results so far."""
+
+    mode: str
+    sizes: Sizes
+    world: World
+    workdir: Path
+    redis_url: str
+    redis: Any
+    with_peer: bool
+    results: dict[str, Any] = field(default_factory=dict)
+    # The churn climbs' steps, for latest.md's table.
+    steps: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One entry of bench/run.py's `PHASES`: its `--only` name, what runs it, its sizes and targets.
+
+    `run(bench, sizes)` returns the phase's keys. `sizes` maps each mode (full, quick, smoke) to
+    the phase's own sizes; without it, `run` gets the shared `Sizes` of the mode.
+    """
+
+    name: str
+    run: Callable[[Bench, Any], dict]
+    sizes: Mapping[str, Any] | None = None
+    targets: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+
+    def sizes_for(self, bench: Bench) -> Any:
+        return self.sizes[bench.mode] if self.sizes else bench.sizes
+
+
 # ── the load generator ───────────────────────────────────────────────────────
 class LoadGen:
     """One run of bench/loadgen.py with one job."""
@@ -296,6 +351,8 @@ class LoadGen:
         if not line:
             raise RuntimeError(f"loadgen ended before {event!r} (exit {self.process.wait()})")
         message = json.loads(line)
+        if message["event"] == "failed":
+            raise RuntimeError(f"loadgen, waiting for {event!r}: {message['error']}")
         if message["event"] != event:
             raise RuntimeError(f"loadgen said {message} while {event!r} was expected")
         return message
@@ -308,6 +365,12 @@ class LoadGen:
         result = self.expect("result")
         self.process.wait(timeout=60)
         return result
+
+    def kill(self) -> None:
+        """End it at once (a phase that failed while it ran)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
 
 def run_job(job: dict) -> dict:

@@ -18,9 +18,11 @@ Scenarios:
   raw socket that never reads after its handshake); the first healthy member sends messages to the
   channel, each once every healthy member has the one `window` before it; reports what the
   healthy members received.
+- `module:function`: a scenario a phase module keeps beside its phase (bench/fairness.py).
 """
 
 import asyncio
+import importlib
 import json
 import random
 import resource
@@ -30,6 +32,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -61,7 +64,33 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[rank]
 
 
-async def _wait_line() -> str:
+# How long a connection may wait for its `connection.ack`.
+ACK_SECONDS = 60
+
+
+def where(url: str) -> str:
+    """A server's URL without its query string (which holds the token)."""
+    return url.split("?", 1)[0]
+
+
+async def connect(url: str, **options: Any) -> Any:
+    """A connection to `url`; a failure says which server refused it and how."""
+    try:
+        return await websockets.connect(url, open_timeout=ACK_SECONDS, ping_interval=None, proxy=None, **options)
+    except Exception as error:
+        raise RuntimeError(f"{where(url)}: the connect failed: {type(error).__name__}: {error}") from error
+
+
+async def until_acked(acked: asyncio.Event, ws: Any, url: str) -> None:
+    """Wait for the ack; a timeout says which server kept it, and whether the socket was closed."""
+    try:
+        await asyncio.wait_for(acked.wait(), ACK_SECONDS)
+    except TimeoutError:
+        state = "still open" if ws.close_code is None else f"closed {ws.close_code} {ws.close_reason!r}"
+        raise RuntimeError(f"{where(url)}: no connection.ack within {ACK_SECONDS} s ({state})") from None
+
+
+async def wait_line() -> str:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, sys.stdin.readline)
 
@@ -97,9 +126,9 @@ class Watcher:
         # and left to its default `websockets` looks for a proxy on each connect by walking the
         # whole environment (urllib's getproxies_environment), ≈ 6 % of the load generator's CPU
         # in a churn step, on the two cores the servers share with it.
-        self.ws = await websockets.connect(self.url, open_timeout=60, ping_interval=None, max_queue=None, proxy=None)
+        self.ws = await connect(self.url, max_queue=None)
         self.task = asyncio.create_task(self._read())
-        await asyncio.wait_for(self.acked.wait(), 60)
+        await until_acked(self.acked, self.ws, self.url)
         if self.heartbeat:
             self.beating = asyncio.create_task(self._beat())
 
@@ -185,7 +214,7 @@ async def idle(job: dict) -> None:
     started = time.perf_counter()
     watchers = await _open_many(job["urls"], job.get("concurrency", 200), rate=job.get("rate", 0.0))
     emit("ready", connections=len(watchers), seconds=round(time.perf_counter() - started, 2))
-    await _wait_line()
+    await wait_line()
     await asyncio.gather(*(watcher.close() for watcher in watchers), return_exceptions=True)
     emit("result", connections=len(watchers))
 
@@ -193,9 +222,9 @@ async def idle(job: dict) -> None:
 async def _subject_cycle(url: str, hold: float, opened: dict, key: str) -> None:
     """Connect a subject, note when the connect started, wait for the ack, hold, close."""
     opened[key] = time.perf_counter()
-    ws = await websockets.connect(url, open_timeout=60, ping_interval=None, proxy=None)
+    ws = await connect(url)
     try:
-        await asyncio.wait_for(ws.recv(), 60)
+        await asyncio.wait_for(ws.recv(), ACK_SECONDS)
         await asyncio.sleep(hold)
     finally:
         await ws.close()
@@ -342,7 +371,7 @@ async def burst(job: dict) -> None:
     await asyncio.sleep(job.get("settle", 1.0))
     before = sum(w.frames for w in watchers)
     emit("ready", connections=len(watchers))
-    await _wait_line()
+    await wait_line()
     started = time.perf_counter()
     expected = before + job["frames"] * len(watchers)
     # Until every frame is in, or none came for a second (a layer that drops over capacity).
@@ -380,9 +409,9 @@ class Member:
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self.ws = await websockets.connect(self.url, open_timeout=60, ping_interval=None, max_queue=None, proxy=None)
+        self.ws = await connect(self.url, max_queue=None)
         self.task = asyncio.create_task(self._read())
-        await asyncio.wait_for(self.acked.wait(), 60)
+        await until_acked(self.acked, self.ws, self.url)
 
     async def _read(self) -> None:
         try:
@@ -464,7 +493,7 @@ async def slow_reader(job: dict) -> None:
     await send(job["warmup"])
     before = [member.created for member in members]
     emit("ready", connections=len(members))
-    await _wait_line()
+    await wait_line()
     stalled = await asyncio.get_running_loop().run_in_executor(None, _stalled, job["stalled_url"])
     started = time.perf_counter()
     try:
@@ -524,7 +553,7 @@ async def dead_instance(job: dict) -> None:
     )
     await _quiet(all_watchers, 1.0, 120)
     emit("ready", watchers=len(all_watchers), subjects=len(subjects))
-    killed = float(await _wait_line())
+    killed = float(await wait_line())
     users = [s["user"] for s in job["subjects"]]
     pairs = [(user, watcher) for user in users for watcher in watchers_by_user[user]]
     deadline = killed + job.get("timeout", 120)
@@ -552,7 +581,7 @@ async def bigroom(job: dict) -> None:
     old = await _open_many([m["url"] for m in members], job.get("concurrency", 100))
     await _quiet(old, 1.0, job.get("timeout", 300))
     emit("ready", connections=len(old), frames=sum(w.frames for w in old))
-    await _wait_line()
+    await wait_line()
     started = time.perf_counter()
     window = job["window"]
     new = [Watcher(m["url"], expect=m["expect"]) for m in members]
@@ -593,6 +622,14 @@ SCENARIOS = {
 }
 
 
+def scenario(name: str) -> Callable[[dict], Awaitable[None]]:
+    """A scenario of this module by name, or a phase module's own as `module:function`."""
+    if ":" in name:
+        module, function = name.split(":")
+        return getattr(importlib.import_module(module), function)
+    return SCENARIOS[name]
+
+
 def main() -> None:
     _raise_fd_limit()
     job = json.loads(sys.stdin.readline())
@@ -603,7 +640,12 @@ def main() -> None:
     except ImportError:
         pass
     random.seed(job.get("seed", 1))
-    asyncio.run(SCENARIOS[job["scenario"]](job))
+    try:
+        asyncio.run(scenario(job["scenario"])(job))
+    except Exception as error:
+        # The orchestrator reads this instead of a bare "loadgen ended", and names the server.
+        emit("failed", error=f"{type(error).__name__}: {error}")
+        raise
 
 
 if __name__ == "__main__":

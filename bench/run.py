@@ -4,15 +4,17 @@ Everything runs on this machine: one embedded Redis, Daphne processes for Relay 
 for the bare baseline, the ceiling server, and a separate load-generator process
 (bench/loadgen.py). Results go to bench/results/latest.json (the keys
 docs/performance.md defines, each a number) and bench/results/latest.md (readable, with the machine,
-versions and settings).
+versions and settings: bench/report.py).
+
+The phases are the table `PHASES`, run in its order. A phase that fails is reported with the
+servers its error names and the end of their logs; the others still run, the work directory
+with every server's log is kept, and the run exits 1.
 """
 
 import argparse
 import importlib.util
 import json
 import logging
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -31,9 +33,11 @@ from bench.harness import (
     PEER_HEARTBEAT_S,
     PEER_MAX_AGE_S,
     PEER_PRUNE_S,
+    Bench,
     CommandLog,
     LoadGen,
     Peer,
+    Phase,
     Server,
     Sizes,
     World,
@@ -50,9 +54,9 @@ from bench.harness import (
     say,
     thread_cpu_seconds,
 )
+from bench.report import RESULTS, TARGETS, machine, versions, write_results
 from bench.webhooks import phase_webhooks
 
-RESULTS = BASE_DIR / "bench" / "results"
 P99_LIMIT_MS = 250.0
 # Turns each server takes in a connect CPU round (A B B A ...).
 CONNECT_CPU_TURNS = 4
@@ -725,209 +729,103 @@ def phase_slow_reader(world: World, workdir: Path, sizes: Sizes) -> dict:
     }
 
 
-# ── reporting ────────────────────────────────────────────────────────────────
-def versions(redis_server_version: str) -> dict:
-    import channels
-    import channels_redis
-    import daphne as daphne_module
-    import django
-    import orjson
-    import redis
-    import uvloop
-
-    return {
-        "python": platform.python_version(),
-        "django": django.get_version(),
-        "channels": channels.__version__,
-        "channels_redis": channels_redis.__version__,
-        "daphne": daphne_module.__version__,
-        "redis-py": redis.__version__,
-        "uvloop": uvloop.__version__,
-        "orjson": orjson.__version__,
-        "redis-server": redis_server_version,
-    }
+# ── the phases table ─────────────────────────────────────────────────────────
+# Each runs on an empty Redis, in this order; `--only` names them. A phase in its own module is
+# one entry here: `Phase("name", module.run, sizes={"full": ..., "quick": ..., "smoke": ...},
+# targets={"name.key": ("<=", 2)})`.
+def run_notify(bench: Bench, sizes: Sizes) -> dict:
+    results = phase_notify(bench.world, bench.workdir, sizes)
+    if bench.with_peer:
+        bench.redis.flushall()
+        results.update(phase_notify(bench.world, bench.workdir, sizes, "peer"))
+    return results
 
 
-def machine() -> dict:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    memory_kb = int(Path("/proc/meminfo").read_text().split()[1])
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory_kb / 1024 / 1024, 1),
-        "kernel": platform.release(),
-    }
+def run_churn(bench: Bench, sizes: Sizes) -> dict:
+    results: dict = {}
+    for kind in ("relay", "bare", *(("peer",) if bench.with_peer else ())):
+        bench.redis.flushall()
+        churn, steps = phase_churn(bench.world, bench.workdir, sizes, bench.redis, kind)
+        results.update(churn)
+        bench.steps += steps
+    return results
 
 
-# At the bench timings (CHURN_TIMINGS): TTL + grace + 2 x refresh.
-REAP_BOUND_MS = 3000 + 300 + 2 * 1000
-# What is judged; everything else is a reported number.
-TARGETS = {
-    # The default bound (RELAY_MAX_PENDING_BYTES, 4 MiB) plus 8.
-    "slow_reader.rss_growth_mb": ("<=", 12),
-    "slow_reader.healthy_delivered_ratio": (">=", 1.0),
-    "ratio.transitions_vs_peer": (">=", 2),
-    "ratio.connect_cpu_vs_peer": ("<=", 0.5),
-    "ratio.bigroom_connect_cpu_vs_small": ("<=", 3),
-    "reconnect_flicker_frames": ("<=", 0),
-    "reap.last_offline_after_ms": ("<=", REAP_BOUND_MS),
-    "status.notify_p99_ms": ("<=", 100),
-    "status.frames_per_watcher_per_change": ("<=", 1.0),
-    "status.idle_kb_per_connection": ("<=", 40),
-    "webhooks.events_per_s": (">=", 1000),
-    "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2),
-    **rooms.TARGETS,
-    # One user flooding from five sockets (bench/fairness.py).
-    "fairness.innocent_p90_ratio": ("<=", 2),
-    "fairness.flooder_rss_growth_mb": ("<=", 40),
-    "fairness.rate_limited_errors": (">", 0),
-}
-
-# Relay beside the peer in latest.md and docs/performance.md: (what, Relay's key, the peer's key).
-SIDE_BY_SIDE = (
-    ("online seen by a watcher, p50 ms (100 transitions/s x 20 watchers)", "notify.p50_ms", "peer.notify.p50_ms"),
-    ("online seen by a watcher, p99 ms", "notify.p99_ms", "peer.notify.p99_ms"),
-    ("transitions/s held (p99 <= 250 ms)", "transitions.max_per_s", "peer.transitions.max_per_s"),
-    ("server CPU per connect, ms", "connect_cpu_ms", "peer.connect_cpu_ms"),
-    ("frames per watcher per transition", "frames_per_transition", "peer.frames_per_transition"),
-    ("bytes per presence frame (rooms of ~40)", "bytes_per_frame", "peer.bytes_per_frame"),
-    ("frames a watcher gets for a 1 s reconnect", "reconnect_flicker_frames", "peer.reconnect_flicker_frames"),
-    ("seconds a SIGKILLed instance's user stays online", "ghost_seconds", "peer.ghost_seconds"),
-)
-
-
-def verdict(key: str, value: float) -> str:
-    if key not in TARGETS:
-        return ""
-    op, target = TARGETS[key]
-    met = value >= target if op == ">=" else value > target if op == ">" else value <= target
-    return f"{'met' if met else 'MISSED'} ({op} {target})"
-
-
-COMMANDS = {"full": "make bench", "quick": "make bench-quick", "smoke": "python -m bench.run --smoke"}
-
-
-def side_by_side(results: dict) -> list[str]:
-    """The Relay-against-peer table, for the rows both sides have."""
-    rows = [(what, results[a], results[b]) for what, a, b in SIDE_BY_SIDE if a in results and b in results]
-    if not rows:
-        return []
-    return ["| | Relay | peer |", "|---|---|---|", *(f"| {what} | {a} | {b} |" for what, a, b in rows)]
-
-
-def results_table(results: dict, judged_only: bool = False) -> list[str]:
-    public = {key: value for key, value in results.items() if not key.startswith("_")}
-    if judged_only:
-        public = {key: value for key, value in public.items() if key in TARGETS}
-    lines = ["| key | value | spread | target |", "|---|---|---|---|"]
-    return lines + [
-        f"| `{key}` | {value} | {results.get(f'_spread:{key}', '')} | {verdict(key, value)} |"
-        for key, value in sorted(public.items())
-    ]
-
-
-def write_results(out: Path, results: dict, context: dict, steps: list[dict], mode: str) -> None:
-    """latest.json (every key, a number) and latest.md, written from the same results."""
-    out.mkdir(parents=True, exist_ok=True)
-    public = {key: value for key, value in results.items() if not key.startswith("_")}
-    (out / "latest.json").write_text(json.dumps(public, indent=2, sort_keys=True) + "\n")
-    lines = [
-        f"# Relay benchmark ({mode})",
-        "",
-        f"Run {context['started']} in {context['seconds']} s: `{COMMANDS[mode]}`.",
-        "",
-        "## Results",
-        "",
-        *results_table(results),
-        "",
-        "## Relay and the peer (django-channels-presence-4-0), same run",
-        "",
-        *(side_by_side(results) or [f"Peer {context['settings']['peer']}."]),
-    ]
-    lines += ["", "## Supporting numbers", "", "| measurement | value |", "|---|---|"]
-    lines += [
-        f"| {key[1:]} | {value} |"
-        for key, value in sorted(results.items())
-        if key.startswith("_") and not key.startswith("_spread:")
-    ]
-    lines += [
-        "",
-        "## Churn steps (connect/disconnect pairs per second)",
-        "",
-        "Relay, the bare fan-out consumer (bench/bare.py) and the peer under the same load.",
-        "",
-        "CPU: % of one core during the step's window (2 cores = 200 %).",
-        "",
-        "| server | rate | achieved | p50 ms | p99 ms | frames/s | missing online/offline "
-        "| CPU both instances | CPU load generator | CPU Redis |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {s['server']} | {s['rate']} | {s['achieved_rate']} | {s['p50_ms']} | {s['p99_ms']} | {s['frames_per_s']} "
-        f"| {s['missing_online']}/{s['missing_offline']} | {s['cpu_pct_servers']} % | {s['cpu_pct_loadgen']} % "
-        f"| {s['cpu_pct_redis']} % |"
-        for s in steps
-    ]
-    lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in context["machine"].items()]
-    lines += ["", "## Versions", ""] + [f"- {key}: {value}" for key, value in context["versions"].items()]
-    lines += ["", "## Settings", ""] + [f"- {key}: {value}" for key, value in context["settings"].items()]
-    (out / "latest.md").write_text("\n".join(lines) + "\n")
-    if mode == "full" and out == RESULTS:
-        refresh_docs(results, context)
-
-
-DOCS = BASE_DIR / "docs" / "performance.md"
-DOCS_START, DOCS_END = "<!-- bench results: written by `make bench` -->", "<!-- end of bench results -->"
-
-
-def refresh_docs(results: dict, context: dict) -> None:
-    """The current results in docs/performance.md, between its two markers, from a full run."""
-    text = DOCS.read_text()
-    if DOCS_START not in text or DOCS_END not in text:
-        return
-    machine = context["machine"]
-    block = [
-        DOCS_START,
-        f"`make bench`, {context['started']}, {machine['cores']} x {machine['cpu']}, {machine['memory_gib']} GiB.",
-        "",
-        *side_by_side(results),
-        "",
-        *results_table(results, judged_only=True),
-        "",
-        "Every other key, the spreads and the supporting numbers: `bench/results/latest.md`.",
-        DOCS_END,
-    ]
-    head, rest = text.split(DOCS_START, 1)
-    DOCS.write_text(head + "\n".join(block) + rest.split(DOCS_END, 1)[1])
+def run_ceiling(bench: Bench, sizes: Sizes) -> dict:
+    """The layers phase's burst (frames per watcher, 20 watchers) pushed by a minimal websockets server."""
+    relay = bench.results.get("_burst_pubsub_frames_per_s")
+    if relay is None:
+        return {}
+    results = phase_ceiling(bench.workdir, sizes, watchers=20)
+    ceiling = results["_ceiling_frames_per_s"]
+    results["ratio.frames_vs_ceiling"] = round(relay / ceiling, 3) if ceiling else 0.0
+    return results
 
 
 PHASES = (
-    "idle",
-    "notify",
-    "churn",
-    "commands",
-    "cpu",
-    "instructions",
-    "ceiling",
-    "layers",
-    "slow_reader",
-    "behaviours",
-    "reap",
-    "bigroom",
-    "paced",
-    "status",
-    "webhooks",
-    "midroom",
-    "hugeroom",
-    "fairness",
+    Phase("idle", lambda bench, sizes: phase_idle(bench.world, bench.workdir, sizes)),
+    Phase("notify", run_notify),
+    Phase("churn", run_churn),
+    Phase("commands", lambda bench, sizes: phase_commands(bench.world, bench.workdir, bench.redis)),
+    Phase("cpu", lambda bench, sizes: phase_connect_cpu(bench.world, bench.workdir, sizes, bench.with_peer)),
+    Phase("instructions", lambda bench, sizes: phase_connect_instructions(bench.world, bench.workdir, sizes)),
+    Phase("layers", lambda bench, sizes: phase_layers(bench.world, bench.workdir, sizes, bench.redis_url, watchers=20)),
+    Phase("ceiling", run_ceiling),
+    Phase("slow_reader", lambda bench, sizes: phase_slow_reader(bench.world, bench.workdir, sizes)),
+    Phase("behaviours", lambda bench, sizes: compare.phase_behaviours(bench.world, bench.workdir, bench.with_peer)),
+    Phase("reap", lambda bench, sizes: compare.phase_reap(bench.world, bench.workdir, sizes)),
+    Phase("bigroom", lambda bench, sizes: compare.phase_bigroom(bench.world, bench.workdir, sizes, bench.redis)),
+    Phase("paced", lambda bench, sizes: compare.phase_paced(bench.world, bench.workdir, sizes)),
+    Phase(
+        "webhooks",
+        lambda bench, sizes: phase_webhooks(bench.world, bench.workdir, sizes),
+        targets={"webhooks.events_per_s": (">=", 1000), "webhooks.presence_p99_ratio_hanging_receiver": ("<=", 1.2)},
+    ),
+    Phase(
+        "midroom",
+        lambda bench, sizes: rooms.phase_midroom(bench.world, bench.workdir, bench.mode, bench.redis),
+        targets=rooms.TARGETS,
+    ),
+    Phase(
+        "hugeroom",
+        lambda bench, sizes: rooms.phase_hugeroom(bench.world, bench.workdir, bench.mode, bench.redis),
+        targets=rooms.TARGETS,
+    ),
+    Phase("fairness", fairness.run, sizes=fairness.SIZES, targets=fairness.TARGETS),
+    Phase(
+        "status",
+        lambda bench, sizes: status.phase_status(bench.world, bench.workdir, bench.mode),
+        targets={
+            "status.notify_p99_ms": ("<=", 100),
+            "status.frames_per_watcher_per_change": ("<=", 1.0),
+            "status.idle_kb_per_connection": ("<=", 40),
+        },
+    ),
 )
+
+
+def run_phase(phase: Phase, bench: Bench) -> str | None:
+    """Run one phase into `bench.results`; on failure, what failed and why (the phase's keys are left out).
+
+    A failure names every server its error mentions (by port) with its state and the end of its
+    log, so a lost ack says which instance kept it; the other phases still run.
+    """
+    # Each phase starts on an empty Redis: an earlier phase's deadlines would otherwise keep
+    # the new instances' reapers busy publishing `offline` for users long gone.
+    bench.redis.flushall()
+    before = set(Server.by_port.values())
+    try:
+        bench.results.update(phase.run(bench, phase.sizes_for(bench)))
+    except Exception as error:
+        why = f"{type(error).__name__}: {error}"
+        servers = list(Server.by_port.values())
+        named = [server for server in servers if f":{server.port}/" in why or f"port {server.port})" in why]
+        # An error that names none (a server that died mid-phase): the phase's own servers.
+        shown = named or [server for server in servers if server not in before and server.died]
+        report = "\n\n".join([why, *(server.describe() for server in shown)])
+        say(f"phase {phase.name} FAILED: {report}")
+        return report
+    return None
 
 
 def peer_ratios(results: dict, sizes: Sizes) -> dict:
@@ -953,13 +851,12 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="*",
-        help=f"run only these phases ({' '.join(PHASES)})",
+        help=f"run only these phases ({' '.join(phase.name for phase in PHASES)})",
     )
     parser.add_argument("--no-peer", action="store_true", help="leave the Django peer (bench/peers/) out")
     args = parser.parse_args()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    sizes = MODES[mode]
-    phases = set(args.only or PHASES)
+    chosen = [phase for phase in PHASES if not args.only or phase.name in args.only]
     # The peer is installed by the `bench*` make targets only (bench/requirements.txt).
     with_peer = not args.no_peer and importlib.util.find_spec("channels_presence") is not None
     peer_note = (
@@ -972,83 +869,35 @@ def main() -> int:
 
     started = time.time()
     sys.path.insert(0, str(BASE_DIR))
+    import redis
+
     from devtools.embedded_redis import EmbeddedRedis
 
-    results: dict[str, Any] = {}
-    steps: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp, EmbeddedRedis() as redis_server:
-        workdir = Path(tmp)
+    # Kept when a phase fails: the servers' logs are what says why.
+    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    failures: dict[str, str] = {}
+    with EmbeddedRedis() as redis_server:
         say(f"bench ({mode}): Redis {redis_server.url}, work dir {workdir}")
-        world = World(workdir, redis_server.url)
-        import redis
-
         redis_client = redis.Redis.from_url(redis_server.url)
-
-        def fresh(phase: str) -> bool:
-            # Each phase starts on an empty Redis: an earlier phase's deadlines would otherwise
-            # keep the new instances' reapers busy publishing `offline` for users long gone.
-            if phase in phases:
-                redis_client.flushall()
-            return phase in phases
-
+        bench = Bench(
+            mode, MODES[mode], World(workdir, redis_server.url), workdir, redis_server.url, redis_client, with_peer
+        )
         redis_version = redis_client.info("server")["redis_version"]
-        if fresh("idle"):
-            results.update(phase_idle(world, workdir, sizes))
-        if fresh("notify"):
-            results.update(phase_notify(world, workdir, sizes))
-            if with_peer:
-                redis_client.flushall()
-                results.update(phase_notify(world, workdir, sizes, "peer"))
-        if fresh("churn"):
-            for kind in ("relay", "bare", *(("peer",) if with_peer else ())):
-                redis_client.flushall()
-                churn, kind_steps = phase_churn(world, workdir, sizes, redis_client, kind)
-                results.update(churn)
-                steps += kind_steps
-        if fresh("commands"):
-            results.update(phase_commands(world, workdir, redis_client))
-        if fresh("cpu"):
-            results.update(phase_connect_cpu(world, workdir, sizes, with_peer))
-        if fresh("instructions"):
-            results.update(phase_connect_instructions(world, workdir, sizes))
-        if fresh("layers"):
-            results.update(phase_layers(world, workdir, sizes, redis_server.url, watchers=20))
-        if fresh("ceiling") and "_burst_pubsub_frames_per_s" in results:
-            # The same burst (frames per watcher, 20 watchers) pushed by a minimal websockets server.
-            results.update(phase_ceiling(workdir, sizes, watchers=20))
-            ceiling = results["_ceiling_frames_per_s"]
-            relay = results["_burst_pubsub_frames_per_s"]
-            results["ratio.frames_vs_ceiling"] = round(relay / ceiling, 3) if ceiling else 0.0
-        if fresh("slow_reader"):
-            results.update(phase_slow_reader(world, workdir, sizes))
-        if fresh("behaviours"):
-            results.update(compare.phase_behaviours(world, workdir, with_peer))
-        if fresh("reap"):
-            results.update(compare.phase_reap(world, workdir, sizes))
-        if fresh("bigroom"):
-            results.update(compare.phase_bigroom(world, workdir, sizes, redis_client))
-        if fresh("paced"):
-            results.update(compare.phase_paced(world, workdir, sizes))
-        if fresh("status"):
-            results.update(status.phase_status(world, workdir, mode))
-        if fresh("webhooks"):
-            results.update(phase_webhooks(world, workdir, sizes))
-        if fresh("midroom"):
-            results.update(rooms.phase_midroom(world, workdir, mode, redis_client))
-        if fresh("hugeroom"):
-            results.update(rooms.phase_hugeroom(world, workdir, mode, redis_client))
-        if fresh("fairness"):
-            results.update(fairness.phase_fairness(world, workdir, rounds=3 if mode == "smoke" else 20))
+        for phase in chosen:
+            failure = run_phase(phase, bench)
+            if failure:
+                failures[phase.name] = failure
         if with_peer:
-            results.update(peer_ratios(results, sizes))
+            bench.results.update(peer_ratios(bench.results, bench.sizes))
         redis_client.close()
     context = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
         "seconds": round(time.time() - started),
+        "workdir": workdir,
         "machine": machine(),
         "versions": versions(redis_version),
         "settings": {
-            "sizes": sizes,
+            "sizes": bench.sizes,
             "servers": "python -m relay.serve (Daphne on uvloop, GC thresholds 50000/50/100), Relay and bare alike",
             "churn timings": CHURN_TIMINGS,
             "p99 limit ms": P99_LIMIT_MS,
@@ -1057,7 +906,12 @@ def main() -> int:
             f"prune every {PEER_PRUNE_S} s",
         },
     }
-    write_results(args.out, results, context, steps, mode)
+    targets = {**TARGETS, **{key: target for phase in PHASES for key, target in phase.targets.items()}}
+    write_results(args.out, bench.results, context, bench.steps, mode, targets, failures)
+    if failures:
+        say(f"done in {context['seconds']} s; FAILED: {', '.join(failures)} (logs kept in {workdir})")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
     say(f"done in {context['seconds']} s: {args.out / 'latest.json'} and latest.md")
     return 0
 

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 import redis
 
@@ -61,36 +62,39 @@ class EmbeddedRedis:
         """The redis:// URL clients connect to."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "EmbeddedRedis":
+    # What `start` names in its error when the server does not come up.
+    kind = "redis-server"
+
+    def argv(self) -> list[str]:
+        """The command line that runs this server."""
+        return [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--protected-mode",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--loglevel",
+            "warning",
+            # Thousands of benchmark sockets each hold a subscription connection.
+            "--maxclients",
+            "50000",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 10.0) -> Self:
         """Start the server (again, on the same port, after `stop`) and wait until it answers."""
-        self._process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--protected-mode",
-                "yes",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--dir",
-                self._dir.name,
-                "--loglevel",
-                "warning",
-                # Thousands of benchmark sockets each hold a subscription connection.
-                "--maxclients",
-                "50000",
-                *self.extra_args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        self._process = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         try:
             while True:
@@ -101,7 +105,7 @@ class EmbeddedRedis:
                     return self  # it answers, and wants a password (`--requirepass`)
                 except redis.ConnectionError:
                     if self._process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                        raise RuntimeError(f"{self.kind} did not start on port {self.port}") from None
                     time.sleep(0.02)
         finally:
             client.close()
@@ -139,7 +143,7 @@ class EmbeddedRedis:
         self.stop()
         self._dir.cleanup()
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -167,40 +171,24 @@ class EmbeddedSentinel(EmbeddedRedis):
         )
         self._config = str(config)
 
-    def start(self, timeout: float = 10.0) -> "EmbeddedSentinel":
-        """Start the sentinel and wait until it answers."""
-        self._process = subprocess.Popen(
-            [
-                self.binary,
-                self._config,
-                "--sentinel",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--daemonize",
-                "no",
-                "--dir",
-                self._dir.name,
-                "--loglevel",
-                "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                try:
-                    client.ping()
-                    return self
-                except redis.ConnectionError:
-                    if self._process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"redis sentinel did not start on port {self.port}") from None
-                    time.sleep(0.02)
-        finally:
-            client.close()
+    kind = "redis sentinel"
+
+    def argv(self) -> list[str]:
+        return [
+            self.binary,
+            self._config,
+            "--sentinel",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--loglevel",
+            "warning",
+        ]
 
     @property
     def address(self) -> str:

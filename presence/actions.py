@@ -153,6 +153,8 @@ class PresenceService:
         # Resolved when the refresh in flight (if any) has been answered by Redis.
         self._refreshing: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
+        # Resolved by the next refresh Redis answers (`next_answer`).
+        self._answered: asyncio.Future | None = None
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
@@ -244,8 +246,10 @@ class PresenceService:
         if last_local and not self.closed:
             self._arm_grace_check(subject, epoch)
             if epoch is not None:
-                # Like the key, the user's entries in their channels' online sets last the grace.
-                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.grace)
+                # The user's entries in their channels' online sets last until the grace check
+                # decides (grace + margin), not only the grace like the key: a snapshot read in
+                # between must still show the user, who, back by then, publishes nothing.
+                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, self.timings.check_delay)
             # Written at the close rather than at the decision: the last close anywhere is the
             # last write, and a watcher that asks right after hearing `offline` finds it.
             self.spawn(self._last_seen([subject], time.time()))
@@ -340,6 +344,12 @@ class PresenceService:
         except Exception as error:
             record_failure("last_seen", error)
 
+    def next_answer(self) -> asyncio.Future:
+        """Resolved when a refresh next gets Redis's answer (what a failed snapshot's repair waits for)."""
+        if self._answered is None or self._answered.done():
+            self._answered = asyncio.get_running_loop().create_future()
+        return self._answered
+
     # ── refresh and reap ─────────────────────────────────────────────────────
     def _ensure_ticker(self) -> None:
         if not self.closed:
@@ -383,6 +393,8 @@ class PresenceService:
             self._refreshing = None
         if reply is None:
             return
+        if self._answered is not None and not self._answered.done():
+            self._answered.set_result(None)
         vanished, unwritten = reply
         for _, held, _, channels in snapshot.values():
             held.written = channels

@@ -1,5 +1,6 @@
 """How presence plugs into every connection: the registry extension and the transition handler."""
 
+import asyncio
 import functools
 from collections.abc import Sequence
 
@@ -9,6 +10,7 @@ from presence.fabric import STATUS_CHANGE, TRANSITION, Dedup, group_name, parse_
 from presence.queries import large_channel_ids
 from relay import registry
 from relay.frames import PresenceChanged, PresenceOccupancy, PresenceSnapshot
+from relay.layer import channel_layer
 from relay.models import User
 from relay.registry import Connection
 
@@ -18,6 +20,10 @@ registry.sends("presence.occupancy", PresenceOccupancy)
 
 # Who of the co-members was online at the election, read in its round trip; sent after the ack.
 SNAPSHOT_KEY = "presence.snapshot"
+# The task that, once Redis answers again, repairs a snapshot Redis could not read.
+REPAIR_TASK_KEY = "presence.repair"
+# The event, on the connection's own queue, that does the repair.
+REPAIR = "presence.repair"
 OCCUPANCY_KEY = "presence.occupancy"
 
 
@@ -51,18 +57,20 @@ class PresenceExtension(registry.Extension):
         watch, large = conn.loaded.get(self) or (None, frozenset())
         delivery.fanout().modes(conn.channel_ids, large)
         read = await actions.service().connect(conn, watch or (), large)
-        online, occupancy = read or ([], {})
+        online, occupancy = read or (None, {})
         if watch is not None:
-            conn.state[SNAPSHOT_KEY] = sorted(online)
+            # None: Redis did not answer the election (nor so the snapshot's read).
+            conn.state[SNAPSHOT_KEY] = None if online is None else sorted(online)
             conn.state[OCCUPANCY_KEY] = occupancy
 
     async def opened(self, conn: Connection) -> None:
-        online = conn.state.pop(SNAPSHOT_KEY, None)
         occupancy = conn.state.pop(OCCUPANCY_KEY, None)
-        if online is None:
+        if SNAPSHOT_KEY in conn.state:
+            online = conn.state.pop(SNAPSHOT_KEY)
+        else:
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
-        online, statuses = await handlers.snapshot_status(conn, online)
+        online, statuses = await handlers.snapshot_status(conn, online or [])
         snapshot = PresenceSnapshot(online=online, status=statuses)
         if occupancy:
             snapshot["occupancy"] = occupancy
@@ -70,12 +78,19 @@ class PresenceExtension(registry.Extension):
         await handlers.after_snapshot(conn, statuses)
         # Last: a transition written straight to the socket must come after the snapshot.
         delivery.fanout().live(conn)
+        if online is None:
+            # Redis did not answer: the snapshot went out empty, and no transition would ever
+            # tell this watcher about co-members who stay online (docs/contract.md, "Fair under
+            # load and faults"). They are sent as `online`s once Redis answers.
+            _owe_repair(conn)
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
         large = await delivery.read_large_channel_ids({channel_id})
         delivery.fanout().modes({channel_id}, large)
         if not large:
-            await reads.announce_new_co_members(conn, channel_id)
+            if not await reads.announce_new_co_members(conn, channel_id):
+                # Redis did not answer: who the new channel made visible is told with the repair.
+                _owe_repair(conn)
             return
         # A large channel is counted, not named: its count now, then as it changes.
         counts = await actions.service().store.occupancy([channel_id])
@@ -87,6 +102,8 @@ class PresenceExtension(registry.Extension):
         # Membership changes need nothing more: the consumer follows them with the groups, and the
         # grace check reads the user's channels when it decides.
         delivery.fanout().gone(conn)
+        if repair := conn.state.pop(REPAIR_TASK_KEY, None):
+            repair.cancel()
         await actions.service().disconnect(conn)
 
 
@@ -101,3 +118,35 @@ async def presence_transition(conn: Connection, message: dict) -> None:
 async def presence_status_change(conn: Connection, message: dict) -> None:
     """A status change queued for this connection: delivered as `Fanout` delivers the others."""
     await delivery.deliver(conn, message, functools.partial(parse_fabric, message))
+
+
+def _owe_repair(conn: Connection) -> None:
+    """Repair the connection's view once Redis answers, unless a repair is already on its way."""
+    pending = conn.state.get(REPAIR_TASK_KEY)
+    if pending is None or pending.done():
+        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn))
+
+
+async def _repair_when_redis_answers(conn: Connection) -> None:
+    # Two answered refreshes: a refresh interval in which every live holder's own refresh has
+    # re-elected its users, should Redis have come back empty.
+    await actions.service().next_answer()
+    await actions.service().next_answer()
+    # From here on the connection's transitions queue behind the repair, which reads after them.
+    delivery.fanout().gone(conn)
+    channel_layer().send_local(conn.channel_name, {"type": REPAIR})
+
+
+@registry.event(REPAIR)
+async def presence_repair(conn: Connection, message: dict) -> None:
+    """Tell a connection Redis could not answer for (its snapshot, a new channel's co-members) who is online now.
+
+    Then it is delivered to directly again. A co-member it already knew to be online, or who came
+    online since, may be told twice; one who left was told.
+    """
+    online = await reads.snapshot(conn)
+    if online is None:
+        _owe_repair(conn)
+    for user_id in online or ():
+        await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    delivery.fanout().live(conn)

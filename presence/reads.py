@@ -85,7 +85,7 @@ def members_newly_seeing(environment_id: str, user: User, channel_id: str, membe
     return sorted(members)
 
 
-async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
+async def announce_new_co_members(conn: Connection, channel_id: str) -> bool:
     """Tell a connection whose user just joined `channel_id` who it made visible and is online.
 
     Without this the client's state would miss them until their next transition, and "snapshot
@@ -93,43 +93,62 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> None:
     connection joined the channel's presence group before this read (the consumer's
     `membership_changed`), so a transition racing it is queued behind these frames, as one
     racing the connect's snapshot is behind the snapshot. Users already visible through another
-    shared channel are left out: the client already knows their state.
+    shared channel are left out: the client already knows their state. Returns False when the
+    presence Redis did not answer (logged by the store): nothing was told, and the caller owes it.
     """
     others = set(conn.channel_ids) - {channel_id}
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
-    # None (the presence Redis down, logged by the store): nothing to tell; the next transitions will.
-    online = await actions.service().store.online(conn.environment_id, candidates) or []
-    hidden = await invisible_among(conn.environment_id, online)
-    for user_id in online:
+    online = await actions.service().store.online(conn.environment_id, candidates)
+    hidden = await invisible_among(conn.environment_id, online or [])
+    for user_id in online or ():
         if user_id not in hidden:
             await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    return online is not None
 
 
-async def snapshot(conn: Connection) -> list[str]:
-    """Who among the connection's co-members (and the user) is online now, sorted.
+async def snapshot(conn: Connection) -> list[str] | None:
+    """Who among the connection's co-members (and the user) is online now, sorted; None when Redis did not answer.
 
-    The fallback for a connection whose co-members the connect's database hop could not read
-    (normally the election's own round trip reads them: presence/extension.py). The connection
-    joined its presence groups in `admit`, before this read, so a transition racing the snapshot
-    is queued behind it and applied after it: snapshot + changes converge. With the presence
-    Redis down the snapshot is empty (and the failure logged): the socket still opens, and the
-    next transitions fill it in.
+    The connection's first snapshot when the connect's database hop could not read its
+    co-members (normally the election's own round trip reads them: presence/extension.py), and
+    the repair of one Redis could not read. The connection joined its presence groups before
+    this read, so a transition racing it is queued behind it and applied after it: snapshot +
+    changes converge.
     """
     candidates = await co_members(conn.environment_id, conn.user_id, set(conn.channel_ids))
     online = await actions.service().store.online(conn.environment_id, candidates)
-    return sorted(online or [])
+    return None if online is None else sorted(online)
 
 
-def online_in_channel(channel: Channel) -> list[str] | None:
-    """The ids of the channel's members online now, sorted; None when Redis does not answer."""
+# Members whose flags one MGET reads while a page of online members is gathered.
+MEMBERS_PER_READ = 1000
+
+
+def online_page(channel: Channel, after: str | None, limit: int) -> tuple[list[str], str | None] | None:
+    """Up to `limit` of the channel's online members after `after`, in id order, and the next page's `after`.
+
+    Members are walked in the database's order of their ids, `MEMBERS_PER_READ` at a time (one
+    MGET each), until the page is full; the next page's `after` is None once no member is left
+    behind the page. None when Redis does not answer.
+    """
     environment_id = str(channel.environment_id)
-    members = list(channel.members.order_by("external_id").values_list("external_id", flat=True))
-    flags = online_flags([(environment_id, user_id) for user_id in members], op="channel_presence")
-    if flags is None:
-        return None
-    online = [user_id for user_id, online in zip(members, flags, strict=True) if online]
-    hidden = invisible_users(environment_id, online)
-    return [user_id for user_id in online if user_id not in hidden]
+    members = channel.members.order_by("external_id").values_list("external_id", flat=True)
+    online: list[str] = []
+    while True:
+        chunk = list((members.filter(external_id__gt=after) if after is not None else members)[:MEMBERS_PER_READ])
+        flags = online_flags([(environment_id, user_id) for user_id in chunk], op="channel_presence")
+        if flags is None:
+            return None
+        for index, (user_id, is_online) in enumerate(zip(chunk, flags, strict=True)):
+            if not is_online:
+                continue
+            online.append(user_id)
+            if len(online) == limit:
+                behind = index + 1 < len(chunk) or members.filter(external_id__gt=user_id).exists()
+                return online, user_id if behind else None
+        if len(chunk) < MEMBERS_PER_READ:
+            return online, None
+        after = chunk[-1]
 
 
 def users_online(users: Sequence[User]) -> list[bool] | None:

@@ -113,7 +113,7 @@ class Timings:
 
     @property
     def check_delay(self) -> int:
-        """When the grace check runs after a close: never on the grace itself (docs/presence.md)."""
+        """When the grace check runs after a close: grace + margin (docs/presence.md, The races: the margin)."""
         return self.grace + self.margin
 
     @property
@@ -191,7 +191,9 @@ class PresenceStore:
         started = time.perf_counter()
         try:
             return await work()
-        except (TimeoutError, redis.RedisError, OSError) as error:
+        except (TimeoutError, redis.RedisError, OSError, RuntimeError) as error:
+            # RuntimeError: under uvloop, a write on a connection that a reset has just closed
+            # (before redis-py noticed) raises it instead of a ConnectionError. The same failure.
             record_failure(op, error)
             return None
         finally:
@@ -391,14 +393,32 @@ class PresenceStore:
         await self.call("channels_gone", work)
 
     async def online(self, environment_id: str, user_ids: Sequence[str]) -> list[str] | None:
-        """Return which of the environment's `user_ids` are online now, in one MGET."""
+        """Return which of the environment's `user_ids` are online as watchers were last told, in one round trip.
+
+        That is their key, or a standing deadline: a departure not yet decided (the key re-pinned to
+        the grace expired before the check, or a dead instance's before the reaper) still reads
+        online, as the ADMIT script's snapshot does.
+        """
         if not user_ids:
             return []
         keys = [presence_key(environment_id, user_id) for user_id in user_ids]
-        values = await self.call("snapshot", lambda: self.client.mget(keys))
-        if values is None:
+        names = [member(environment_id, user_id) for user_id in user_ids]
+
+        async def work() -> list:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.mget(keys)
+                pipe.zmscore(DEADLINES, names)
+                return await pipe.execute()
+
+        replies = await self.call("snapshot", work)
+        if replies is None:
             return None
-        return [user_id for user_id, value in zip(user_ids, values, strict=True) if value is not None]
+        values, deadlines = replies
+        return [
+            user_id
+            for user_id, value, deadline in zip(user_ids, values, deadlines, strict=True)
+            if value is not None or deadline is not None
+        ]
 
     async def forget_connections(self, held: Sequence[tuple[tuple[str, str], Sequence[str]]]) -> None:
         """Free the slots of connections an instance drops as it shuts down, in one round trip."""

@@ -1,4 +1,4 @@
-"""Presence over HTTP: a channel's online members, a user's true presence, and setting a status."""
+"""Presence over HTTP: a channel's online members a page at a time, a user's true presence, setting a status."""
 
 from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -6,16 +6,37 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
 from presence import status
-from presence.reads import online_flags, online_in_channel
-from relay.api import ErrorBody, Operation, documented, endpoint, error_response, get_channel, get_user, parse_body
+from presence.queries import invisible_users
+from presence.reads import online_flags, online_page
+from relay.api import (
+    ErrorBody,
+    Operation,
+    QueryId,
+    QueryInt,
+    documented,
+    endpoint,
+    error_response,
+    get_channel,
+    get_user,
+    parse_body,
+    query_id,
+    query_int,
+)
 from relay.exceptions import ApiError
 from relay.frames import DeviceKind, PresenceSet, PresenceStatus, StatusName, format_instant
+
+MAX_PAGE = 1000
+LIMIT = QueryInt("limit", MAX_PAGE, 1, MAX_PAGE, "how many online members at most")
+AFTER = QueryId("after", "the last user id of the previous page (its `next_after`); the page starts after it")
 
 
 @with_config(ConfigDict(extra="forbid"))
 class ChannelPresence(TypedDict):
     channel: str
+    # The channel's online members after `after`, in id order.
     online: list[str]
+    # The `after` of the next page; null once no member is left behind this page.
+    next_after: str | None
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -43,14 +64,25 @@ UNAVAILABLE = ("presence_unavailable", "the presence store does not answer; try 
 
 
 @endpoint("GET")
-@documented(GET=Operation("Who of a channel is online", {200: ChannelPresence, 503: ErrorBody}, tags=("presence",)))
+@documented(
+    GET=Operation(
+        "Who of a channel is online, a page at a time",
+        {200: ChannelPresence, 503: ErrorBody},
+        query=(LIMIT, AFTER),
+        tags=("presence",),
+    )
+)
 def channel_presence(request: HttpRequest, channel_id: str) -> HttpResponse:
-    """200 `{"channel", "online": [...]}` (invisible users left out); 404 for an unknown or other tenant's channel."""
+    """200 `{"channel", "online", "next_after"}`, invisible users left out; 404 for an unknown channel."""
     channel = get_channel(request.environment, channel_id)
-    online = online_in_channel(channel)
-    if online is None:
+    limit, after = query_int(request, LIMIT), query_id(request, AFTER)
+    page = online_page(channel, after, limit)
+    if page is None:
         return error_response(503, *UNAVAILABLE)
-    return JsonResponse(ChannelPresence(channel=str(channel.id), online=online))
+    online, next_after = page
+    hidden = invisible_users(str(channel.environment_id), online)
+    online = [user_id for user_id in online if user_id not in hidden]
+    return JsonResponse(ChannelPresence(channel=str(channel.id), online=online, next_after=next_after))
 
 
 @endpoint("GET")

@@ -103,6 +103,14 @@ class QueryInt:
 
 
 @dataclass(frozen=True)
+class QueryId:
+    """An id query parameter (a user's, as paths name them), optional: read by `query_id`, published by relay.schema."""
+
+    name: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class Operation:
     """One method of a view as /v1/openapi.json describes it.
 
@@ -114,7 +122,7 @@ class Operation:
     summary: str
     responses: Mapping[int, Any]
     body: type[BaseModel] | None = None
-    query: type[BaseModel] | tuple[QueryInt, ...] = ()
+    query: type[BaseModel] | tuple[QueryInt | QueryId, ...] = ()
     tags: tuple[str, ...] = ()
 
 
@@ -238,6 +246,19 @@ def get_user(environment: Environment, user_id: str) -> User:
         return User.objects.get(environment=environment, external_id=user_id)
     except (ValidationError, User.DoesNotExist):
         raise ApiError(404, "user_not_found", "no such user") from None
+
+
+def query_id(request: HttpRequest, parameter: QueryId) -> str | None:
+    """Return the query parameter as an id (None when absent), or raise a 400 ApiError."""
+    values = request.GET.getlist(parameter.name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ApiError(400, "invalid_query", f"{parameter.name}: give it at most once")
+    try:
+        return user_ids.validate_python(values[0])
+    except ValidationError as error:
+        raise ApiError(400, "invalid_query", f"{parameter.name}: {describe_validation_error(error)}") from None
 
 
 def query_int(request: HttpRequest, parameter: QueryInt) -> int:

@@ -117,6 +117,41 @@ class MessageSend(StrictModel):
     text: MessageText
 
 
+MAX_SIGNAL_NAME_LENGTH = 32
+MAX_SIGNAL_DATA_BYTES = 256
+
+
+def _small_json(value: dict[str, Any]) -> dict[str, Any]:
+    # Measured as the server relays it: compact JSON, UTF-8 (orjson writes the frames).
+    try:
+        size = len(orjson.dumps(value))
+    except TypeError:
+        raise ValueError("must be a JSON object") from None
+    if size > MAX_SIGNAL_DATA_BYTES:
+        raise ValueError(f"must be at most {MAX_SIGNAL_DATA_BYTES} bytes as JSON")
+    return value
+
+
+SignalName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_SIGNAL_NAME_LENGTH, json_schema_extra={"pattern": NO_CONTROL_CHARACTERS}),
+    AfterValidator(_no_control_characters),
+]
+SignalData = Annotated[
+    dict[str, Any],
+    Field(json_schema_extra={"description": f"any JSON object, at most {MAX_SIGNAL_DATA_BYTES} bytes as compact JSON"}),
+    AfterValidator(_small_json),
+]
+
+
+class SignalSend(StrictModel):
+    """`signal` from a client: relayed to the channel's other members, never stored."""
+
+    channel: ChannelId
+    name: SignalName
+    data: SignalData | None = None
+
+
 class Resume(StrictModel):
     """`resume`: the cursor, as the first frame of a connection opened with `resume=frame`."""
 
@@ -322,6 +357,16 @@ class MessageCreated(TypedDict):
     user: str
     text: str
     created_at: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Signal(TypedDict):
+    """`signal` to the other members: who sent it where; `data` is `{}` when the sender gave none."""
+
+    channel: str
+    user: str
+    name: str
+    data: dict[str, Any]
 
 
 @with_config(ConfigDict(extra="forbid"))

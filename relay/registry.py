@@ -63,6 +63,8 @@ class FrameRoute:
 
 frames: dict[str, FrameRoute] = {}
 server_frames: dict[str, type] = {}
+# Types both ways: a client frame the server relays to others under the same type (`signal`).
+relayed: set[str] = set()
 events: dict[str, EventHandler] = {}
 extensions: list["Extension"] = []
 
@@ -120,7 +122,7 @@ def frame(frame_type: str, schema: type[BaseModel], *, error_code: str = "invali
     """Register the decorated coroutine as the handler of client frames of `frame_type`."""
 
     def register(handler: FrameHandler) -> FrameHandler:
-        if frame_type in server_frames:
+        if frame_type in server_frames and frame_type not in relayed:
             raise RuntimeError(f"frame type {frame_type!r} is a server frame")
         if frame_type in frames:
             raise RuntimeError(f"frame type {frame_type!r} is already handled by {frames[frame_type].handler}")
@@ -130,11 +132,17 @@ def frame(frame_type: str, schema: type[BaseModel], *, error_code: str = "invali
     return register
 
 
-def sends(frame_type: str, payload: type) -> None:
-    """Declare a frame type the server sends and its payload's type (a TypedDict of relay.frames)."""
-    if frame_type in server_frames or frame_type in frames:
+def sends(frame_type: str, payload: type, *, relays: bool = False) -> None:
+    """Declare a frame type the server sends and its payload's type (a TypedDict of relay.frames).
+
+    `relays`: the server sends it as the relay of a client frame of the same type, which the
+    same app handles; any other type is one direction only.
+    """
+    if frame_type in server_frames or (frame_type in frames and not relays):
         raise RuntimeError(f"frame type {frame_type!r} is already declared")
     server_frames[frame_type] = payload
+    if relays:
+        relayed.add(frame_type)
 
 
 # The consumer's own frames; every other is declared by the app that sends it.

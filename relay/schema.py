@@ -19,7 +19,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
 from relay import registry
-from relay.api import ErrorBody, Operation, QueryInt, View, documented, endpoint
+from relay.api import ErrorBody, Operation, QueryId, QueryInt, View, documented, endpoint
 from relay.frames import ChannelId, Identifier
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -153,7 +153,21 @@ def query_parameters(operation: Operation, generated: dict) -> list[dict]:
             {"name": name, "in": "query", "required": name in required, "schema": field}
             for name, field in schema["properties"].items()
         ]
-    return [integer_parameter(parameter) for parameter in operation.query]
+    return [
+        integer_parameter(parameter) if isinstance(parameter, QueryInt) else id_parameter(parameter)
+        for parameter in operation.query
+    ]
+
+
+def id_parameter(parameter: QueryId) -> dict:
+    """The OpenAPI parameter of a QueryId: optional, an id as `query_id` validates it."""
+    return {
+        "name": parameter.name,
+        "in": "query",
+        "required": False,
+        "description": parameter.description,
+        "schema": TypeAdapter(Identifier).json_schema(),
+    }
 
 
 def integer_parameter(parameter: QueryInt) -> dict:
@@ -189,22 +203,25 @@ def frames_document() -> dict:
     client = {name: schemas.add(route.schema, "validation") for name, route in sorted(registry.frames.items())}
     server = {name: schemas.add(payload, "serialization") for name, payload in sorted(registry.server_frames.items())}
     generated, definitions = schemas.generate("#/$defs/{model}")
+    both_ways = set(client) & set(server)
     for direction, frames in (("ClientFrame", client), ("ServerFrame", server)):
+        names = {name: f"{direction}.{name}" if name in both_ways else name for name in frames}
         for name, key in frames.items():
-            definitions[name] = {
-                "title": name,
+            definitions[names[name]] = {
+                "title": names[name],
                 "type": "object",
                 "properties": {"type": {"const": name}, "payload": generated[key]},
                 "required": ["type", "payload"],
                 "additionalProperties": False,
             }
-        definitions[direction] = {"oneOf": [{"$ref": f"#/$defs/{name}"} for name in frames]}
+        definitions[direction] = {"oneOf": [{"$ref": f"#/$defs/{names[name]}"} for name in frames]}
     return {
         "$schema": JSON_SCHEMA_DIALECT,
         "title": "Relay WebSocket frames",
         "description": (
             'Every frame, both ways, is a JSON text message {"type", "payload"}. ClientFrame: what a client '
-            "may send; ServerFrame: what the server sends. A frame's definition is named by its type."
+            "may send; ServerFrame: what the server sends. A frame's definition is named by its type; a type "
+            'sent both ways (signal) has "ClientFrame.<type>" and "ServerFrame.<type>".'
         ),
         "oneOf": [{"$ref": "#/$defs/ClientFrame"}, {"$ref": "#/$defs/ServerFrame"}],
         "$defs": definitions,

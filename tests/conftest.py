@@ -27,6 +27,7 @@ from relay import tokens
 from relay.models import ApiKey, Environment
 from relay.settings import channel_layers_for
 from tests.support import (
+    Closing,
     FrozenClock,
     Instance,
     ManualClock,
@@ -211,6 +212,14 @@ def live_instances(transactional_db: None, redis_url: str, tmp_path: Path) -> It
     yield start
     for instance in started:
         instance.stop()
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[Closing]:
+    """Sockets that close themselves when the test ends (tests/support.py, `Closing`)."""
+    opened = Closing()
+    yield opened
+    await opened.close_all()
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import psycopg
@@ -375,6 +375,7 @@ class Socket(FrameRecorder):
         super().__init__()
         self.communicator = communicator
         self._reader: asyncio.Task | None = None
+        self._disconnected = False
 
     @classmethod
     async def open(
@@ -408,7 +409,8 @@ class Socket(FrameRecorder):
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        if self.close_code is None:
+        if self.close_code is None and not self._disconnected:
+            self._disconnected = True
             await self.communicator.disconnect(timeout=5)
 
 
@@ -446,6 +448,36 @@ class WsClient(FrameRecorder):
         await self.connection.close()
         if self._reader:
             await self._reader
+
+
+class Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+Opened = TypeVar("Opened", bound=Closable)
+
+
+class Closing:
+    """The `closing` fixture: what a test opens through it is closed when the test ends.
+
+    `linh = await closing(Socket.open(token))` (any awaitable giving something with an async,
+    idempotent `close`); `closing.keep(client)` for one opened later. Closes a test makes as part
+    of what it tests stay in the test; the teardown closes whatever is still open, newest first.
+    """
+
+    def __init__(self) -> None:
+        self._opened: list[Closable] = []
+
+    async def __call__(self, opening: Awaitable[Opened]) -> Opened:
+        return self.keep(await opening)
+
+    def keep(self, socket: Opened) -> Opened:
+        self._opened.append(socket)
+        return socket
+
+    async def close_all(self) -> None:
+        while self._opened:
+            await self._opened.pop().close()
 
 
 # ── raw in-process sockets (the consumer's own tests, read frame by frame) ────

@@ -29,6 +29,7 @@ class Worker:
     def __init__(self, communicator: WebsocketCommunicator, ack: dict) -> None:
         self.communicator = communicator
         self.connection_id = ack["connection_id"]
+        self.closed = False
 
     @classmethod
     async def connect(cls, token: str) -> "Worker":
@@ -54,7 +55,9 @@ class Worker:
         return await nothing_but(self.communicator)
 
     async def close(self) -> None:
-        await self.communicator.disconnect()
+        if not self.closed:
+            self.closed = True
+            await self.communicator.disconnect()
 
 
 @pytest.fixture(autouse=True)
@@ -79,8 +82,8 @@ rows_exist_async = database_sync_to_async(rows_exist)
 count_async = database_sync_to_async(lambda: Registration.objects.count())
 
 
-async def test_register_is_acknowledged_and_the_row_is_visible(acme, agents_clock, caplog):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_register_is_acknowledged_and_the_row_is_visible(acme, agents_clock, caplog, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     ack = await linh.register("w-1", cognition="planner", weight=0.5, family="gpt", host="box-7")
     assert ack == {"type": "register.ack", "payload": {"instance": "w-1", "registered_at": T0.isoformat()}}
     stored = await row_async("w-1", acme)
@@ -90,17 +93,15 @@ async def test_register_is_acknowledged_and_the_row_is_visible(acme, agents_cloc
     assert (stored.registered_at, stored.last_seen) == (T0, T0)
     registered = events(caplog, "agent.registered")
     assert registered == [{"instance": "w-1", "environment": str(acme.environment.id)}]
-    await linh.close()
 
 
-async def test_a_capability_may_be_omitted_or_partial(acme, agents_clock):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_capability_may_be_omitted_or_partial(acme, agents_clock, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.send("register", {"instance": "bare"})
     assert (await linh.receive())["type"] == "register.ack"
     assert (await linh.register("partial", weight=2))["type"] == "register.ack"
     assert (await row_async("bare", acme)).capability() == {}
     assert (await row_async("partial", acme)).capability() == {"weight": 2.0}
-    await linh.close()
 
 
 class NoPayload(StrictModel):
@@ -119,30 +120,30 @@ def state_probe():
     del registry.frames["test.agents_state"]
 
 
-async def test_the_connection_keeps_what_it_registered_in_memory(acme, agents_clock, state_probe):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_the_connection_keeps_what_it_registered_in_memory(acme, agents_clock, state_probe, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1", family="gpt", weight=1.5)
     await linh.register("w-2")
     await linh.send("deregister", {"instance": "w-2"})
     assert (await linh.receive())["type"] == "deregister.ack"
-    tuan = await Worker.connect(acme.token("tuan"))
+    tuan = await closing(Worker.connect(acme.token("tuan")))
     assert (await tuan.register("w-1"))["payload"]["code"] == "instance_owned"
     await linh.send("test.agents_state", {})
     assert (await linh.receive())["payload"] == {"w-1": {"family": "gpt", "weight": 1.5}}
     # A refused registration leaves the connection's state as it was.
     await tuan.send("test.agents_state", {})
     assert (await tuan.receive())["payload"] == {}
-    await linh.close()
-    await tuan.close()
 
 
-async def test_re_registration_by_the_same_identity_keeps_registered_at_and_refreshes_the_rest(acme, agents_clock):
-    first = await Worker.connect(acme.token("linh"))
+async def test_re_registration_by_the_same_identity_keeps_registered_at_and_refreshes_the_rest(
+    acme, agents_clock, closing
+):
+    first = await closing(Worker.connect(acme.token("linh")))
     await first.register("w-1", cognition="planner", host="box-7")
     await first.close()
     # The worker reconnects later on a new connection, with a changed capability.
     later = agents_clock.advance(seconds=20)
-    second = await Worker.connect(acme.token("linh"))
+    second = await closing(Worker.connect(acme.token("linh")))
     ack = await second.register("w-1", family="claude")
     assert ack["payload"] == {"instance": "w-1", "registered_at": T0.isoformat()}
     stored = await row_async("w-1", acme)
@@ -150,19 +151,18 @@ async def test_re_registration_by_the_same_identity_keeps_registered_at_and_refr
     assert stored.connection_id == second.connection_id
     # Omitted fields are cleared: the capability is the latest registration's, whole.
     assert stored.capability() == {"family": "claude"}
-    await second.close()
 
 
 def registrations_counted(outcome: str) -> float:
     return REGISTRY.get_sample_value("relay_agent_registrations_total", {"outcome": outcome}) or 0.0
 
 
-async def test_another_identity_cannot_take_over_an_instance(acme, agents_clock, caplog):
+async def test_another_identity_cannot_take_over_an_instance(acme, agents_clock, caplog, closing):
     before = {outcome: registrations_counted(outcome) for outcome in ("created", "refreshed", "rejected")}
-    linh = await Worker.connect(acme.token("linh"))
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1", host="box-7")
     agents_clock.advance(seconds=5)
-    tuan = await Worker.connect(acme.token("tuan"))
+    tuan = await closing(Worker.connect(acme.token("tuan")))
     refused = await tuan.register("w-1", host="evil")
     assert refused["type"] == "error"
     assert refused["payload"]["code"] == "instance_owned"
@@ -177,12 +177,10 @@ async def test_another_identity_cannot_take_over_an_instance(acme, agents_clock,
     assert (await linh.register("w-1"))["type"] == "register.ack"
     counted = {outcome: registrations_counted(outcome) - before[outcome] for outcome in before}
     assert counted == {"created": 2, "refreshed": 1, "rejected": 1}
-    await linh.close()
-    await tuan.close()
 
 
-async def test_heartbeat_refreshes_the_callers_own_row_without_a_reply(acme, agents_clock):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_heartbeat_refreshes_the_callers_own_row_without_a_reply(acme, agents_clock, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1")
     later = agents_clock.advance(seconds=10)
     await linh.send("heartbeat", {"instance": "w-1"})
@@ -190,38 +188,34 @@ async def test_heartbeat_refreshes_the_callers_own_row_without_a_reply(acme, age
     assert (await linh.register("w-2"))["payload"]["instance"] == "w-2"
     assert (await row_async("w-1", acme)).last_seen == later
     assert await linh.nothing_more()
-    await linh.close()
 
 
-async def test_a_foreign_or_unknown_heartbeat_is_a_silent_no_op(acme, agents_clock):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_foreign_or_unknown_heartbeat_is_a_silent_no_op(acme, agents_clock, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1")
     agents_clock.advance(seconds=10)
-    tuan = await Worker.connect(acme.token("tuan"))
+    tuan = await closing(Worker.connect(acme.token("tuan")))
     await tuan.send("heartbeat", {"instance": "w-1"})
     await tuan.send("heartbeat", {"instance": "nobody"})
     assert (await tuan.register("t-1"))["type"] == "register.ack"
     assert await tuan.nothing_more()
     assert (await row_async("w-1", acme)).last_seen == T0
     assert not await rows_exist_async(instance="nobody")
-    await linh.close()
-    await tuan.close()
 
 
-async def test_deregister_removes_the_callers_own_row(acme, agents_clock, caplog):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_deregister_removes_the_callers_own_row(acme, agents_clock, caplog, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1")
     await linh.send("deregister", {"instance": "w-1"})
     assert await linh.receive() == {"type": "deregister.ack", "payload": {"instance": "w-1"}}
     assert not await rows_exist_async(instance="w-1")
     assert [e["instance"] for e in events(caplog, "agent.deregistered")] == ["w-1"]
-    await linh.close()
 
 
-async def test_a_foreign_or_unknown_deregister_is_silent_and_harmless(acme, agents_clock):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_foreign_or_unknown_deregister_is_silent_and_harmless(acme, agents_clock, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1")
-    tuan = await Worker.connect(acme.token("tuan"))
+    tuan = await closing(Worker.connect(acme.token("tuan")))
     await tuan.register("t-1")
     await tuan.send("deregister", {"instance": "w-1"})
     await tuan.send("deregister", {"instance": "nobody"})
@@ -230,23 +224,20 @@ async def test_a_foreign_or_unknown_deregister_is_silent_and_harmless(acme, agen
     assert await tuan.receive() == {"type": "deregister.ack", "payload": {"instance": "t-1"}}
     assert await tuan.nothing_more()
     assert (await row_async("w-1", acme)).identity.external_id == "linh"
-    await linh.close()
-    await tuan.close()
 
 
-async def test_a_disconnect_keeps_the_row(acme, agents_clock):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_disconnect_keeps_the_row(acme, agents_clock, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1")
     await linh.close()
     assert (await row_async("w-1", acme)).identity.external_id == "linh"
-    tuan = await Worker.connect(acme.token("tuan"))
+    tuan = await closing(Worker.connect(acme.token("tuan")))
     assert (await tuan.register("w-1"))["payload"]["code"] == "instance_owned"
-    await tuan.close()
 
 
-async def test_instance_ids_are_per_tenant(acme, globex, agents_clock):
-    acme_linh = await Worker.connect(acme.token("linh"))
-    globex_linh = await Worker.connect(globex.token("linh"))
+async def test_instance_ids_are_per_tenant(acme, globex, agents_clock, closing):
+    acme_linh = await closing(Worker.connect(acme.token("linh")))
+    globex_linh = await closing(Worker.connect(globex.token("linh")))
     assert (await acme_linh.register("w-1", host="acme-box"))["type"] == "register.ack"
     assert (await globex_linh.register("w-1", host="globex-box"))["type"] == "register.ack"
     assert (await row_async("w-1", acme)).host == "acme-box"
@@ -258,8 +249,6 @@ async def test_instance_ids_are_per_tenant(acme, globex, agents_clock):
     assert await globex_linh.receive() == {"type": "deregister.ack", "payload": {"instance": "w-1"}}
     assert (await row_async("w-1", acme)).last_seen == T0
     assert not await rows_exist_async(environment=globex.environment)
-    await acme_linh.close()
-    await globex_linh.close()
 
 
 MALFORMED = {
@@ -290,8 +279,8 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("payload", MALFORMED.values(), ids=MALFORMED.keys())
-async def test_a_malformed_register_is_rejected_and_writes_nothing(acme, agents_clock, payload):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_malformed_register_is_rejected_and_writes_nothing(acme, agents_clock, payload, closing):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.send_raw(f'{{"type": "register", "payload": {payload}}}')
     error = await linh.receive()
     assert error["type"] == "error"
@@ -300,7 +289,6 @@ async def test_a_malformed_register_is_rejected_and_writes_nothing(acme, agents_
     # The socket stays open: a good register afterwards is acknowledged and written.
     assert (await linh.register("w", weight=1))["type"] == "register.ack"
     assert await count_async() == 1
-    await linh.close()
 
 
 # Not JSON at all (RFC 8259 has no NaN or Infinity, and 1e999 is no double), so not a register
@@ -314,15 +302,16 @@ NOT_JSON_NUMBERS = {
 
 
 @pytest.mark.parametrize("payload", NOT_JSON_NUMBERS.values(), ids=NOT_JSON_NUMBERS.keys())
-async def test_a_weight_that_is_not_a_json_number_is_an_invalid_frame_and_writes_nothing(acme, agents_clock, payload):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_weight_that_is_not_a_json_number_is_an_invalid_frame_and_writes_nothing(
+    acme, agents_clock, payload, closing
+):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.send_raw(f'{{"type": "register", "payload": {payload}}}')
     error = await linh.receive()
     assert (error["type"], error["payload"]["code"]) == ("error", "invalid_frame")
     assert not await rows_exist_async()
     assert (await linh.register("w", weight=1))["type"] == "register.ack"
     assert await count_async() == 1
-    await linh.close()
 
 
 @pytest.mark.parametrize("family", ["heartbeat", "deregister"])
@@ -330,8 +319,10 @@ async def test_a_weight_that_is_not_a_json_number_is_an_invalid_frame_and_writes
     "payload",
     ['{"instance": "w-1", "extra": 1}', "{}", '{"instance": 1}', '{"instance": ""}', '{"instance": null}', "[]"],
 )
-async def test_a_malformed_heartbeat_or_deregister_is_rejected_and_changes_nothing(acme, agents_clock, family, payload):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_malformed_heartbeat_or_deregister_is_rejected_and_changes_nothing(
+    acme, agents_clock, family, payload, closing
+):
+    linh = await closing(Worker.connect(acme.token("linh")))
     await linh.register("w-1")
     agents_clock.advance(seconds=5)
     await linh.send_raw(f'{{"type": "{family}", "payload": {payload}}}')
@@ -344,11 +335,12 @@ async def test_a_malformed_heartbeat_or_deregister_is_rejected_and_changes_nothi
     else:
         assert (await linh.register("w-2"))["type"] == "register.ack"
         assert (await row_async("w-1", acme)).last_seen == agents_clock.now
-    await linh.close()
 
 
-async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(acme, agents_clock, monkeypatch, caplog):
-    linh = await Worker.connect(acme.token("linh"))
+async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(
+    acme, agents_clock, monkeypatch, caplog, closing
+):
+    linh = await closing(Worker.connect(acme.token("linh")))
 
     def locked(*args, **kwargs):
         raise OperationalError("database is locked")
@@ -365,4 +357,3 @@ async def test_a_database_fault_answers_unavailable_and_the_socket_stays_open(ac
     assert failed == [{"op": "register", "error": "OperationalError"}]
     monkeypatch.setattr(actions, "do_register", working)
     assert (await linh.register("w-1"))["type"] == "register.ack"
-    await linh.close()

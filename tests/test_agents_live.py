@@ -23,29 +23,30 @@ def replies_to_register(client: WsClient, after: int) -> list[dict]:
     return [frame for frame in client.frames[after:] if frame["type"] in ("register.ack", "error")]
 
 
-async def test_re_registering_after_a_reconnect_to_another_instance_keeps_registered_at(live_instances, acme):
+async def test_re_registering_after_a_reconnect_to_another_instance_keeps_registered_at(live_instances, acme, closing):
     one, two = live_instances(2)
-    first = await connect(one, acme, "linh")
+    first = await closing(connect(one, acme, "linh"))
     await first.send("register", {"instance": "w-1", "capability": {"host": "box-a", "weight": 1}})
     registered_at = (await first.next_of("register.ack"))["registered_at"]
     await first.close()
     # The disconnect removed nothing.
     assert agents_of(two, acme)["w-1"]["registered_at"] == registered_at
 
-    second = await connect(two, acme, "linh")
+    second = await closing(connect(two, acme, "linh"))
     await second.send("register", {"instance": "w-1", "capability": {"host": "box-b"}})
     assert await second.next_of("register.ack") == {"instance": "w-1", "registered_at": registered_at}
     row = agents_of(one, acme)["w-1"]
     assert row["registered_at"] == registered_at
     assert row["last_seen"] > registered_at
     assert (row["identity"], row["capability"]) == ("linh", {"host": "box-b"})
-    await second.close()
 
 
-async def test_two_identities_racing_for_one_instance_on_two_instances_leave_exactly_one_owner(live_instances, acme):
+async def test_two_identities_racing_for_one_instance_on_two_instances_leave_exactly_one_owner(
+    live_instances, acme, closing
+):
     one, two = live_instances(2)
-    linh = await connect(one, acme, "linh")
-    tuan = await connect(two, acme, "tuan")
+    linh = await closing(connect(one, acme, "linh"))
+    tuan = await closing(connect(two, acme, "tuan"))
     winners = []
     for round_number in range(6):
         instance = f"race-{round_number}"
@@ -74,10 +75,10 @@ async def test_two_identities_racing_for_one_instance_on_two_instances_leave_exa
         await client.close()
 
 
-async def test_silent_workers_age_out_while_heartbeating_ones_stay(live_instances, acme):
+async def test_silent_workers_age_out_while_heartbeating_ones_stay(live_instances, acme, closing):
     one, two = live_instances(2, RELAY_AGENT_TTL_MS="2000", RELAY_AGENT_SWEEP_MS="200")
-    beating = await connect(one, acme, "linh")
-    crashed = await connect(two, acme, "tuan")
+    beating = await closing(connect(one, acme, "linh"))
+    crashed = await closing(connect(two, acme, "tuan"))
     for client, instance in ((beating, "beating"), (crashed, "silent")):
         await client.send("register", {"instance": instance})
         await client.next_of("register.ack")
@@ -101,4 +102,3 @@ async def test_silent_workers_age_out_while_heartbeating_ones_stay(live_instance
         heart.cancel()
     swept = [line for instance in (one, two) for line in instance.events("agent.swept")]
     assert [line["instance"] for line in swept] == ["silent"]
-    await beating.close()

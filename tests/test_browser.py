@@ -239,6 +239,25 @@ def test_a_message_sent_by_a_appears_at_b_as_text(chromium, relays):
     assert tuan.evaluate("window.injected") is None
 
 
+def test_b_sees_linh_is_typing_while_a_types_across_two_instances_and_not_after_her_message(chromium, relays):
+    one, two = relays(2)
+    linh, tuan = chromium.open("linh"), chromium.open("tuan")
+    sign_in(linh, one, "Linh")
+    sign_in(tuan, two, "Tuan")
+    open_channel(linh, "general")
+    open_channel(tuan, "general")
+    linh.locator("#message-text").press_sequentially("hel")
+
+    expect(tuan.locator("#typing")).to_have_text("Linh is typing…", timeout=WAIT_MS)
+    # Tuan's signal comes after hers on the same channel: her own never came back, so she sees only his.
+    tuan.locator("#message-text").press_sequentially("h")
+    expect(linh.locator("#typing")).to_have_text("Tuan is typing…", timeout=WAIT_MS)
+    linh.locator("#message-text").press_sequentially("lo")
+    linh.press("#message-text", "Enter")
+    expect(texts(tuan)).to_have_text(["hello"], timeout=WAIT_MS)
+    expect(tuan.locator("#typing")).to_have_text("")
+
+
 def test_after_a_drop_b_reconnects_and_gets_what_it_missed_once(chromium, relays):
     one, two = relays(2)
     linh, tuan = chromium.open("linh"), chromium.open("tuan")

@@ -26,14 +26,14 @@ def stored(channel: Channel) -> list[int]:
     return list(Message.objects.filter(channel=channel).order_by("seq").values_list("seq", flat=True))
 
 
-async def test_a_message_reaches_every_members_connections_on_every_instance(live_instances, acme, globex):
+async def test_a_message_reaches_every_members_connections_on_every_instance(live_instances, acme, globex, closing):
     a, b = live_instances(2)
     fleet, board = acme.channels["fleet"], globex.channels["board"]
-    linh_a = await connect(a, acme, "linh")
-    linh_b = await connect(b, acme, "linh")
-    tuan_b = await connect(b, acme, "tuan")
-    stranger_b = await connect(b, globex, "linh")
-    zed_a = await connect(a, globex, "zed")
+    linh_a = await closing(connect(a, acme, "linh"))
+    linh_b = await closing(connect(b, acme, "linh"))
+    tuan_b = await closing(connect(b, acme, "tuan"))
+    stranger_b = await closing(connect(b, globex, "linh"))
+    zed_a = await closing(connect(a, globex, "zed"))
 
     ack = await linh_a.send_and_ack(send_payload(fleet, "across instances"))
     assert ack["type"] == "message.ack"
@@ -55,16 +55,16 @@ async def test_a_message_reaches_every_members_connections_on_every_instance(liv
         await client.close()
 
 
-async def test_a_resend_from_another_instance_gets_the_same_ack_and_one_message(live_instances, acme):
+async def test_a_resend_from_another_instance_gets_the_same_ack_and_one_message(live_instances, acme, closing):
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
-    tuan = await connect(b, acme, "tuan")
-    first_socket = await connect(a, acme, "linh")
+    tuan = await closing(connect(b, acme, "tuan"))
+    first_socket = await closing(connect(a, acme, "linh"))
 
     first = await first_socket.send_and_ack(send_payload(fleet, "did this arrive?", idem_key="idem-1"))
     # The sender lost its socket before it saw the ack, and resends through another instance.
     await first_socket.close()
-    second_socket = await connect(b, acme, "linh")
+    second_socket = await closing(connect(b, acme, "linh"))
     again = await second_socket.send_and_ack(send_payload(fleet, "did this arrive?", idem_key="idem-1"))
     after = await second_socket.send_and_ack(send_payload(fleet, "next one", idem_key="idem-2"))
 
@@ -72,17 +72,15 @@ async def test_a_resend_from_another_instance_gets_the_same_ack_and_one_message(
     assert after["payload"]["seq"] == 2
     assert await stored(fleet) == [1, 2]
     await tuan.wait_for(lambda c: c.seqs() == [1, 2], timeout=15)
-    await tuan.close()
-    await second_socket.close()
 
 
-async def test_a_non_member_is_refused_on_any_instance_and_nothing_is_stored(live_instances, acme, globex):
+async def test_a_non_member_is_refused_on_any_instance_and_nothing_is_stored(live_instances, acme, globex, closing):
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
-    hermit = await connect(a, acme, "hermit")
-    outsider = await connect(b, globex, "linh")
-    linh = await connect(b, acme, "linh")
-    tuan = await connect(a, acme, "tuan")
+    hermit = await closing(connect(a, acme, "hermit"))
+    outsider = await closing(connect(b, globex, "linh"))
+    linh = await closing(connect(b, acme, "linh"))
+    tuan = await closing(connect(a, acme, "tuan"))
 
     for client in (hermit, outsider):
         refusal = await client.send_and_ack(send_payload(fleet, "let me in"))
@@ -96,10 +94,10 @@ async def test_a_non_member_is_refused_on_any_instance_and_nothing_is_stored(liv
         await client.close()
 
 
-async def test_forty_concurrent_sends_from_two_instances_get_forty_consecutive_seqs(live_instances, acme):
+async def test_forty_concurrent_sends_from_two_instances_get_forty_consecutive_seqs(live_instances, acme, closing):
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
-    senders = [await connect(instance, acme, user) for instance in (a, b) for user in ("linh", "tuan")]
+    senders = [await closing(connect(instance, acme, user)) for instance in (a, b) for user in ("linh", "tuan")]
 
     async def send_ten(client: WsClient) -> None:
         # Pipelined: the next frame goes out before the previous one is acknowledged.
@@ -121,18 +119,18 @@ async def test_forty_concurrent_sends_from_two_instances_get_forty_consecutive_s
     assert all(client.of_type("error") == [] for client in senders)
 
 
-async def test_a_resume_while_messages_are_being_sent_has_no_gap_and_no_duplicate(live_instances, acme):
+async def test_a_resume_while_messages_are_being_sent_has_no_gap_and_no_duplicate(live_instances, acme, closing):
     a, b = live_instances(2)
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 300)
-    tuan = await connect(a, acme, "tuan")
+    tuan = await closing(connect(a, acme, "tuan"))
 
     async def send_twenty() -> None:
         for n in range(20):
             await tuan.send("message.send", send_payload(fleet, f"while resuming {n}"))
 
     # linh resumes from 0 on b while tuan's twenty are stored and fanned out on a.
-    linh, _ = await asyncio.gather(connect(b, acme, "linh", {str(fleet.id): 0}), send_twenty())
+    linh, _ = await asyncio.gather(closing(connect(b, acme, "linh", {str(fleet.id): 0})), send_twenty())
 
     await linh.wait_for(lambda c: len(c.seqs()) >= 320, timeout=60)
     await tuan.wait_for(lambda c: len(c.of_type("message.ack")) == 20, timeout=30)
@@ -141,32 +139,28 @@ async def test_a_resume_while_messages_are_being_sent_has_no_gap_and_no_duplicat
     await tuan.send_and_ack(send_payload(fleet, "after"))
     await linh.wait_for(lambda c: len(c.seqs()) >= 321, timeout=15)
     assert linh.seqs() == list(range(1, 322))
-    await linh.close()
-    await tuan.close()
 
 
-async def test_messages_still_flow_with_presence_redis_at_a_dead_port(live_instances, acme):
+async def test_messages_still_flow_with_presence_redis_at_a_dead_port(live_instances, acme, closing):
     a, b = live_instances(2, RELAY_PRESENCE_REDIS_URL=DEAD_REDIS)
     fleet = acme.channels["fleet"]
     # Proof that presence's Redis really is unreachable in these processes.
     status, body = http("GET", f"{a.http_url}/readyz")
     assert status == 503 and body["checks"]["presence_redis"] != "ok" and body["checks"]["redis"] == "ok"
 
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan", {str(fleet.id): 0})
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan", {str(fleet.id): 0}))
     ack = await linh.send_and_ack(send_payload(fleet, "presence is down and this still arrives"))
 
     assert ack["type"] == "message.ack"
     created = await tuan.next_of("message.created", timeout=15)
     assert created["text"] == "presence is down and this still arrives"
-    await linh.close()
-    await tuan.close()
 
 
-async def test_every_malformed_send_is_refused_nothing_is_stored_and_the_socket_stays(live_instances, acme):
+async def test_every_malformed_send_is_refused_nothing_is_stored_and_the_socket_stays(live_instances, acme, closing):
     (a,) = live_instances(1)
     fleet = acme.channels["fleet"]
-    linh = await connect(a, acme, "linh")
+    linh = await closing(connect(a, acme, "linh"))
 
     for flaw in sorted(MALFORMED_SENDS):
         answer = await linh.send_and_ack(malformed(flaw, str(fleet.id)))
@@ -176,18 +170,18 @@ async def test_every_malformed_send_is_refused_nothing_is_stored_and_the_socket_
     ok = await linh.send_and_ack(send_payload(fleet, "well formed", idem_key=str(uuid.uuid4())))
     assert ok["payload"]["seq"] == 1
     assert linh.close_code is None
-    await linh.close()
 
 
-async def test_a_cursor_nested_a_thousand_deep_gets_invalid_cursor_and_the_socket_stays_open(live_instances, acme):
+async def test_a_cursor_nested_a_thousand_deep_gets_invalid_cursor_and_the_socket_stays_open(
+    live_instances, acme, closing
+):
     (gw,) = live_instances(1)
     fleet = acme.channels["fleet"]
     deep = "[" * 1000 + "]" * 1000
     for raw in (deep, f'{{"{fleet.id}": {deep}}}'):
-        linh = await WsClient.open(f"{gw.ws_url(acme.token('linh'))}&cursor={quote(raw)}")
+        linh = await closing(WsClient.open(f"{gw.ws_url(acme.token('linh'))}&cursor={quote(raw)}"))
         error = await linh.next_of("error")
         assert (error["code"], error["message"][:8]) == ("invalid_cursor", "cursor: ")
         ack = await linh.send_and_ack(send_payload(fleet, "still served"))
         assert ack["type"] == "message.ack"
-        await linh.close()
     assert gw.events("connection.hook_failed") == []

@@ -44,14 +44,14 @@ def cursor(**positions: int) -> str:
     return json.dumps(positions)
 
 
-async def test_a_resume_sends_what_was_missed_in_seq_order_then_live_ones(acme):
+async def test_a_resume_sends_what_was_missed_in_seq_order_then_live_ones(acme, closing):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 5)
     await database_sync_to_async(store_history)(general, acme.users["tuan"], 3)
 
-    linh = await Socket.open(acme.token("linh"), json.dumps({str(fleet.id): 2, str(general.id): 0}))
+    linh = await closing(Socket.open(acme.token("linh"), json.dumps({str(fleet.id): 2, str(general.id): 0})))
     await linh.wait_for(lambda s: len(s.seqs()) == 6)
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await tuan.send_and_ack(send_payload(fleet, "live"))
 
     await linh.wait_for(lambda s: s.seqs(fleet) == [3, 4, 5, 6])
@@ -59,20 +59,17 @@ async def test_a_resume_sends_what_was_missed_in_seq_order_then_live_ones(acme):
     assert linh.frames[0]["type"] == "connection.ack"
     backfilled = next(m for m in linh.of_type("message.created") if m["channel"] == str(fleet.id))
     assert (backfilled["user"], backfilled["text"]) == ("tuan", "message 3")
-    await linh.close()
-    await tuan.close()
 
 
-async def test_an_empty_cursor_resumes_nothing_and_live_messages_flow(acme):
+async def test_an_empty_cursor_resumes_nothing_and_live_messages_flow(acme, closing):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 3)
 
-    linh = await Socket.open(acme.token("linh"), "{}")
+    linh = await closing(Socket.open(acme.token("linh"), "{}"))
     await linh.send_and_ack(send_payload(fleet, "live"))
 
     await linh.wait_for(lambda s: s.seqs() == [4])
     assert linh.of_type("error") == []
-    await linh.close()
 
 
 @pytest.mark.parametrize(
@@ -90,11 +87,11 @@ async def test_an_empty_cursor_resumes_nothing_and_live_messages_flow(acme):
         '{"%(fleet)s": {"seq": 1}}',
     ],
 )
-async def test_a_malformed_cursor_gets_an_error_no_backfill_and_the_socket_stays_open(acme, raw):
+async def test_a_malformed_cursor_gets_an_error_no_backfill_and_the_socket_stays_open(acme, raw, closing):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 3)
 
-    linh = await Socket.open(acme.token("linh"), raw % {"fleet": fleet.id})
+    linh = await closing(Socket.open(acme.token("linh"), raw % {"fleet": fleet.id}))
     error = await linh.next_of("error")
     await linh.send_and_ack(send_payload(fleet, "live"))
 
@@ -102,52 +99,50 @@ async def test_a_malformed_cursor_gets_an_error_no_backfill_and_the_socket_stays
     assert error["message"].startswith("cursor: ")
     await linh.wait_for(lambda s: s.seqs() == [4])
     assert linh.close_code is None
-    await linh.close()
 
 
-async def test_two_cursors_are_refused_rather_than_one_picked(acme):
+async def test_two_cursors_are_refused_rather_than_one_picked(acme, closing):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 2)
 
-    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}), extra_query="&cursor=%7B%7D")
+    linh = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}), extra_query="&cursor=%7B%7D"))
     error = await linh.next_of("error")
     await linh.send_and_ack(send_payload(fleet, "live"))
 
     assert error["code"] == "invalid_cursor"
     await linh.wait_for(lambda s: s.seqs() == [3])
-    await linh.close()
 
 
-async def test_a_cursor_naming_channels_the_user_is_not_in_resumes_only_its_own(acme, globex):
+async def test_a_cursor_naming_channels_the_user_is_not_in_resumes_only_its_own(acme, globex, closing):
     fleet, board = acme.channels["fleet"], globex.channels["board"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 2)
     await database_sync_to_async(store_history)(board, globex.users["zed"], 4)
     await database_sync_to_async(store_history)(acme.channels["general"], acme.users["tuan"], 2)
 
     # board is globex's; general is one linh belongs to but did not ask to resume.
-    linh = await Socket.open(acme.token("linh"), json.dumps({str(board.id): 0, UNKNOWN_CHANNEL: 0, str(fleet.id): 0}))
+    linh = await closing(
+        Socket.open(acme.token("linh"), json.dumps({str(board.id): 0, UNKNOWN_CHANNEL: 0, str(fleet.id): 0}))
+    )
     await linh.send_and_ack(send_payload(fleet, "live"))
 
     await linh.wait_for(lambda s: s.seqs(fleet) == [1, 2, 3])
     assert [m["channel"] for m in linh.of_type("message.created")] == [str(fleet.id)] * 3
     assert linh.of_type("error") == []
-    await linh.close()
 
 
 @pytest.mark.parametrize("position", [3, 10])
-async def test_a_cursor_at_or_beyond_the_last_seq_backfills_nothing_and_drops_no_live_message(acme, position):
+async def test_a_cursor_at_or_beyond_the_last_seq_backfills_nothing_and_drops_no_live_message(acme, position, closing):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 3)
 
-    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): position}))
+    linh = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): position})))
     await linh.send_and_ack(send_payload(fleet, "live"))
 
     # seq 4 is at or below a stale position of 10, and must still arrive.
     await linh.wait_for(lambda s: s.seqs() == [4])
-    await linh.close()
 
 
-async def test_a_long_history_is_read_page_by_page_in_order(acme, monkeypatch):
+async def test_a_long_history_is_read_page_by_page_in_order(acme, monkeypatch, closing):
     monkeypatch.setattr(handlers, "PAGE_SIZE", 7)
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 30)
@@ -161,17 +156,18 @@ async def test_a_long_history_is_read_page_by_page_in_order(acme, monkeypatch):
 
     monkeypatch.setattr(handlers, "read_page", counted)
 
-    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 1}))
+    linh = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 1})))
 
     await linh.wait_for(lambda s: s.seqs() == list(range(2, 31)))
     assert reads == [7, 7, 7, 7, 1]
-    await linh.close()
 
 
-async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it(acme, monkeypatch, chat_states):
+async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it(
+    acme, monkeypatch, chat_states, closing
+):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 5)
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     real_read_page = handlers.read_page
 
     async def with_a_live_message_meanwhile(*args):
@@ -183,19 +179,17 @@ async def test_a_message_published_during_the_backfill_is_held_and_sent_after_it
 
     monkeypatch.setattr(handlers, "read_page", with_a_live_message_meanwhile)
 
-    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}))
+    linh = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0})))
 
     await linh.wait_for(lambda s: len(s.seqs()) >= 6)
     assert linh.seqs() == [1, 2, 3, 4, 5, 6]
     assert chat_states[-1].held == {}
     await tuan.send_and_ack(send_payload(fleet, "after the backfill"))
     await linh.wait_for(lambda s: s.seqs() == [1, 2, 3, 4, 5, 6, 7])
-    await linh.close()
-    await tuan.close()
 
 
 async def test_a_message_the_backfill_already_sent_is_not_sent_again_when_its_live_copy_arrives(
-    acme, monkeypatch, chat_states
+    acme, monkeypatch, chat_states, closing
 ):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 2)
@@ -219,21 +213,19 @@ async def test_a_message_the_backfill_already_sent_is_not_sent_again_when_its_li
 
     monkeypatch.setattr(handlers, "read_page", copy_published_while_held)
 
-    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}))
+    linh = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0})))
     await linh.wait_for(lambda s: s.seqs() == [1, 2, 3])
     await until(lambda: str(fleet.id) not in chat_states[-1].held)
     # And a copy arriving after the backfill finished (a slow publisher) is dropped too.
     await get_channel_layer().group_send(chat_group(str(fleet.id)), {"type": "message.created", "message": late[0]})
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await tuan.send_and_ack(send_payload(fleet, "next"))
 
     await linh.wait_for(lambda s: len(s.seqs()) >= 4)
     assert linh.seqs() == [1, 2, 3, 4]
-    await linh.close()
-    await tuan.close()
 
 
-async def test_other_channels_flow_while_a_backfill_is_stalled(acme, monkeypatch):
+async def test_other_channels_flow_while_a_backfill_is_stalled(acme, monkeypatch, closing):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 3)
     release = asyncio.Event()
@@ -245,8 +237,8 @@ async def test_other_channels_flow_while_a_backfill_is_stalled(acme, monkeypatch
 
     monkeypatch.setattr(handlers, "read_page", stalled)
 
-    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}))
-    tuan = await Socket.open(acme.token("tuan"))
+    linh = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0})))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await tuan.send_and_ack(send_payload(general, "not held back"))
     await tuan.send_and_ack(send_payload(fleet, "held until the backfill is done"))
 
@@ -254,11 +246,9 @@ async def test_other_channels_flow_while_a_backfill_is_stalled(acme, monkeypatch
     assert linh.seqs(fleet) == []
     release.set()
     await linh.wait_for(lambda s: s.seqs(fleet) == [1, 2, 3, 4])
-    await linh.close()
-    await tuan.close()
 
 
-async def test_a_failed_backfill_says_so_and_closes_so_the_client_resumes_again(acme, monkeypatch, caplog):
+async def test_a_failed_backfill_says_so_and_closes_so_the_client_resumes_again(acme, monkeypatch, caplog, closing):
     fleet = acme.channels["fleet"]
     await database_sync_to_async(store_history)(fleet, acme.users["tuan"], 3)
 
@@ -266,7 +256,7 @@ async def test_a_failed_backfill_says_so_and_closes_so_the_client_resumes_again(
         raise DatabaseError("disk I/O error")
 
     monkeypatch.setattr(handlers, "read_page", broken)
-    linh = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}))
+    linh = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0})))
 
     error = await linh.next_of("error")
     await linh.wait_for(lambda s: s.close_code is not None)
@@ -278,6 +268,5 @@ async def test_a_failed_backfill_says_so_and_closes_so_the_client_resumes_again(
     assert [r.levelno for r in failures] == [logging.ERROR]
 
     monkeypatch.undo()
-    again = await Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0}))
+    again = await closing(Socket.open(acme.token("linh"), cursor(**{str(fleet.id): 0})))
     await again.wait_for(lambda s: s.seqs() == [1, 2, 3])
-    await again.close()

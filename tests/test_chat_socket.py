@@ -35,9 +35,9 @@ def last_seq(channel: Channel) -> int:
     return channel.last_seq
 
 
-async def test_a_member_gets_an_ack_and_every_member_gets_message_created(acme):
-    linh = await Socket.open(acme.token("linh"))
-    tuan = await Socket.open(acme.token("tuan"))
+async def test_a_member_gets_an_ack_and_every_member_gets_message_created(acme, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     fleet = acme.channels["fleet"]
 
     ack = (await linh.send_and_ack(send_payload(fleet, "hello fleet", idem_key="k-1")))["payload"]
@@ -58,24 +58,21 @@ async def test_a_member_gets_an_ack_and_every_member_gets_message_created(acme):
     # The sender hears its ack before its own message.created.
     types = [frame["type"] for frame in linh.frames]
     assert types.index("message.ack") < types.index("message.created")
-    await linh.close()
-    await tuan.close()
 
 
-async def test_seqs_count_up_per_channel(acme):
-    linh = await Socket.open(acme.token("linh"))
+async def test_seqs_count_up_per_channel(acme, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     seqs = [
         (await linh.send_and_ack(send_payload(channel)))["payload"]["seq"] for channel in (fleet, fleet, general, fleet)
     ]
     assert seqs == [1, 2, 1, 3]
     assert (await last_seq(fleet), await last_seq(general)) == (3, 1)
-    await linh.close()
 
 
-async def test_an_idempotent_resend_gets_the_same_ack_and_stores_nothing(acme):
-    linh = await Socket.open(acme.token("linh"))
-    tuan = await Socket.open(acme.token("tuan"))
+async def test_an_idempotent_resend_gets_the_same_ack_and_stores_nothing(acme, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     fleet = acme.channels["fleet"]
 
     first = await linh.send_and_ack(send_payload(fleet, "once", idem_key="same"))
@@ -87,13 +84,11 @@ async def test_an_idempotent_resend_gets_the_same_ack_and_stores_nothing(acme):
     assert await stored(fleet) == [(1, "once"), (2, "next")]
     # tuan heard the message once: the resend was not fanned out again.
     await tuan.wait_for(lambda s: s.seqs() == [1, 2])
-    await linh.close()
-    await tuan.close()
 
 
 @pytest.mark.parametrize("flaw", sorted(MALFORMED_SENDS))
-async def test_a_malformed_send_is_refused_with_nothing_stored_and_the_socket_kept(acme, flaw):
-    linh = await Socket.open(acme.token("linh"))
+async def test_a_malformed_send_is_refused_with_nothing_stored_and_the_socket_kept(acme, flaw, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
     fleet = acme.channels["fleet"]
 
     refusal = await linh.send_and_ack(malformed(flaw, str(fleet.id)))
@@ -107,11 +102,10 @@ async def test_a_malformed_send_is_refused_with_nothing_stored_and_the_socket_ke
     # Same socket, a good frame: stored as seq 1, so the refusal burnt no seq.
     assert (await linh.send_and_ack(send_payload(fleet)))["payload"]["seq"] == 1
     assert linh.close_code is None
-    await linh.close()
 
 
-async def test_the_largest_well_formed_send_is_stored_whole(acme):
-    linh = await Socket.open(acme.token("linh"))
+async def test_the_largest_well_formed_send_is_stored_whole(acme, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
     fleet = acme.channels["fleet"]
     prefix = "line one\n\ttabbed 🚀 "
     text = prefix + "x" * (16_384 - len(prefix))
@@ -122,13 +116,12 @@ async def test_the_largest_well_formed_send_is_stored_whole(acme):
     assert ack["type"] == "message.ack"
     assert await stored(fleet) == [(1, text)]
     assert (await linh.next_of("message.created"))["text"] == text
-    await linh.close()
 
 
-async def test_a_non_member_is_refused_and_a_member_is_not(acme, globex):
-    hermit = await Socket.open(acme.token("hermit"))
-    outsider = await Socket.open(globex.token("linh"))
-    linh = await Socket.open(acme.token("linh"))
+async def test_a_non_member_is_refused_and_a_member_is_not(acme, globex, closing):
+    hermit = await closing(Socket.open(acme.token("hermit")))
+    outsider = await closing(Socket.open(globex.token("linh")))
+    linh = await closing(Socket.open(acme.token("linh")))
     fleet = acme.channels["fleet"]
 
     for socket in (hermit, outsider):
@@ -148,9 +141,9 @@ async def test_a_non_member_is_refused_and_a_member_is_not(acme, globex):
         await socket.close()
 
 
-async def test_a_removed_member_stops_receiving_the_channels_messages_at_once(acme):
-    linh = await Socket.open(acme.token("linh"))
-    tuan = await Socket.open(acme.token("tuan"))
+async def test_a_removed_member_stops_receiving_the_channels_messages_at_once(acme, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     fleet, general = acme.channels["fleet"], acme.channels["general"]
 
     await database_sync_to_async(membership.remove_member)(fleet, acme.users["tuan"])
@@ -163,13 +156,11 @@ async def test_a_removed_member_stops_receiving_the_channels_messages_at_once(ac
     assert linh.seqs(fleet) == [1]
     refusal = await tuan.send_and_ack(send_payload(fleet, "can I still post?"))
     assert refusal["payload"]["code"] == "not_a_member"
-    await linh.close()
-    await tuan.close()
 
 
-async def test_a_member_added_live_starts_receiving_without_reconnecting(acme):
-    hermit = await Socket.open(acme.token("hermit"))
-    linh = await Socket.open(acme.token("linh"))
+async def test_a_member_added_live_starts_receiving_without_reconnecting(acme, closing):
+    hermit = await closing(Socket.open(acme.token("hermit")))
+    linh = await closing(Socket.open(acme.token("linh")))
     fleet = acme.channels["fleet"]
 
     await linh.send_and_ack(send_payload(fleet, "before hermit joined"))
@@ -190,13 +181,11 @@ async def test_a_member_added_live_starts_receiving_without_reconnecting(acme):
     heard = hermit.seqs(fleet)
     assert heard == list(range(heard[0], own + 1))
     assert heard[0] > 1
-    await hermit.close()
-    await linh.close()
 
 
-async def test_message_text_is_never_logged(acme, caplog):
+async def test_message_text_is_never_logged(acme, caplog, closing):
     caplog.set_level(logging.DEBUG)
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     secret = "the launch code is 0000"
 
     await linh.send_and_ack(send_payload(acme.channels["fleet"], secret))
@@ -207,11 +196,10 @@ async def test_message_text_is_never_logged(acme, caplog):
     for record in caplog.records:
         assert secret not in record.getMessage()
         assert secret not in repr(event_fields(record))
-    await linh.close()
 
 
-async def test_an_event_that_is_not_a_message_is_dropped_not_delivered(acme, caplog):
-    linh = await Socket.open(acme.token("linh"))
+async def test_an_event_that_is_not_a_message_is_dropped_not_delivered(acme, caplog, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
     fleet = acme.channels["fleet"]
     # A presence-shaped payload on the message fabric: it must never become a message.created.
     await get_channel_layer().group_send(
@@ -222,13 +210,12 @@ async def test_an_event_that_is_not_a_message_is_dropped_not_delivered(acme, cap
     await linh.wait_for(lambda s: s.seqs(fleet) == [1])
     assert len(linh.of_type("message.created")) == 1
     assert "message.invalid_event" in [r.getMessage() for r in caplog.records]
-    await linh.close()
 
 
 @pytest.mark.parametrize("server_type", ["message.created", "message.ack"])
-async def test_a_client_cannot_send_a_server_message_frame(acme, server_type):
-    linh = await Socket.open(acme.token("linh"))
-    tuan = await Socket.open(acme.token("tuan"))
+async def test_a_client_cannot_send_a_server_message_frame(acme, server_type, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     fleet = acme.channels["fleet"]
     forged = {"id": "x", "channel": str(fleet.id), "seq": 1, "user": "tuan", "text": "forged", "created_at": "now"}
 
@@ -240,5 +227,3 @@ async def test_a_client_cannot_send_a_server_message_frame(acme, server_type):
     await tuan.wait_for(lambda s: s.seqs() == [1])
     assert [m["text"] for m in tuan.of_type("message.created")] == ["real"]
     assert await stored() == [(1, "real")]
-    await linh.close()
-    await tuan.close()

@@ -33,9 +33,9 @@ async def refused(instance: Instance, token: str) -> int:
     return code
 
 
-async def test_a_failing_handler_is_answered_internal_and_logged_once_by_type(live_instances, acme):
+async def test_a_failing_handler_is_answered_internal_and_logged_once_by_type(live_instances, acme, closing):
     (instance,) = live_instances(1, **FAULTY, **timings(grace=GRACE, margin=MARGIN))
-    linh = await connect(instance, acme, "linh")
+    linh = await closing(connect(instance, acme, "linh"))
     await linh.send("test.fail", {"words": "linh-private-words"})
     error = await linh.next_of("error", timeout=WAIT)
     assert error == {"code": "internal", "message": "the server failed to handle this frame", "type": "test.fail"}
@@ -54,13 +54,12 @@ async def test_a_failing_handler_is_answered_internal_and_logged_once_by_type(li
     log = instance.log_path.read_text()
     assert "linh-private-words" not in log
     assert "Traceback" not in log
-    await linh.close()
 
 
-async def test_connections_ended_by_a_crashing_handler_are_released(live_instances, acme):
+async def test_connections_ended_by_a_crashing_handler_are_released(live_instances, acme, closing):
     (instance,) = live_instances(1, **FAULTY, **timings(grace=GRACE, margin=MARGIN, RELAY_MAX_CONNECTIONS_PER_USER=5))
-    tuan = await connect(instance, acme, "tuan")
-    linhs = [await connect(instance, acme, "linh") for _ in range(5)]
+    tuan = await closing(connect(instance, acme, "tuan"))
+    linhs = [await closing(connect(instance, acme, "linh")) for _ in range(5)]
     assert await heard(tuan, "linh", 1) == ["online"]
     assert await refused(instance, acme.token("linh")) == 4429
 
@@ -69,15 +68,13 @@ async def test_connections_ended_by_a_crashing_handler_are_released(live_instanc
     assert [await linh.closed(timeout=WAIT) for linh in linhs] == [1011] * 5
 
     assert await heard(tuan, "linh", 2) == ["online", "offline"]
-    sixth = await connect(instance, acme, "linh")
+    sixth = await closing(connect(instance, acme, "linh"))
     assert sixth.of_type("connection.ack")[0]["user"] == "linh"
     closed = await logged(instance, "connection.closed", user="linh")
     assert len(closed) == 5
-    await sixth.close()
-    await tuan.close()
 
 
-async def test_an_application_cancelled_while_its_handler_waits_is_released(live_instances, acme):
+async def test_an_application_cancelled_while_its_handler_waits_is_released(live_instances, acme, closing):
     # Daphne cancels an application `--application-close-timeout` seconds after its client left,
     # if it is still running: here a `message.send` waiting for the database's write lock, which the
     # test holds. The release must run all the same (it needs Redis only, not the database).
@@ -86,8 +83,8 @@ async def test_an_application_cancelled_while_its_handler_waits_is_released(live
         args=("--application-close-timeout", "1"),
         **timings(grace=GRACE, margin=MARGIN, RELAY_MAX_CONNECTIONS_PER_USER=1),
     )
-    tuan = await connect(instance, acme, "tuan")
-    linh = await connect(instance, acme, "linh")
+    tuan = await closing(connect(instance, acme, "tuan"))
+    linh = await closing(connect(instance, acme, "linh"))
     assert await heard(tuan, "linh", 1) == ["online"]
     assert await refused(instance, acme.token("linh")) == 4429
 
@@ -100,24 +97,22 @@ async def test_an_application_cancelled_while_its_handler_waits_is_released(live
         # It was the cancellation that ended it: the handler never returned.
         assert any("took too long to shut down" in line.get("message", "") for line in instance.events("log"))
         assert linh.of_type("message.ack") == []
-    again = await connect(instance, acme, "linh")
+    again = await closing(connect(instance, acme, "linh"))
     assert again.of_type("connection.ack")[0]["user"] == "linh"
-    await again.close()
-    await tuan.close()
 
 
-async def test_an_instance_stopping_frees_its_slots_and_leaves_the_offline_to_a_survivor(live_instances, acme):
+async def test_an_instance_stopping_frees_its_slots_and_leaves_the_offline_to_a_survivor(live_instances, acme, closing):
     # A TTL far beyond the test's waits: a slot that frees now was freed by the stop, not expired.
     ttl = 6000
     a, b = live_instances(2, **timings(grace=GRACE, margin=MARGIN, ttl=ttl, RELAY_MAX_CONNECTIONS_PER_USER=1))
-    tuan = await connect(a, acme, "tuan")
-    linh = await connect(b, acme, "linh")
+    tuan = await closing(connect(a, acme, "tuan"))
+    linh = await closing(connect(b, acme, "linh"))
     assert await heard(tuan, "linh", 1) == ["online"]
     assert await refused(a, acme.token("linh")) == 4429
 
     b.stop()
     assert await linh.closed(timeout=WAIT) is not None
-    again = await connect(a, acme, "linh")
+    again = await closing(connect(a, acme, "linh"))
     assert again.of_type("connection.ack")[0]["user"] == "linh"
     await again.close()
     # Nothing failed on the way down, and b published nothing after its stop.
@@ -126,4 +121,3 @@ async def test_an_instance_stopping_frees_its_slots_and_leaves_the_offline_to_a_
     assert [line["state"] for line in lines([b], "presence.published", user="linh")] == ["online"]
     # The reconnect on a and its close: a decides linh's `offline` after the grace.
     assert await heard(tuan, "linh", 2, timeout=(ttl + GRACE + REFRESH) / 1000 + WAIT) == ["online", "offline"]
-    await tuan.close()

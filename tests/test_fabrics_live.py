@@ -14,10 +14,10 @@ TIMINGS = {
 }
 
 
-async def test_a_message_is_never_delivered_as_presence_nor_presence_as_a_message(live_instances, acme):
+async def test_a_message_is_never_delivered_as_presence_nor_presence_as_a_message(live_instances, acme, closing):
     a, b = live_instances(2, **TIMINGS)
-    tuan = await connect(b, acme, "tuan")
-    linh = await WsClient.open(a.ws_url(acme.token("linh")))
+    tuan = await closing(connect(b, acme, "tuan"))
+    linh = await closing(WsClient.open(a.ws_url(acme.token("linh"))))
     await tuan.wait_for(lambda c: {"user": "linh", "state": "online"} in c.of_type("presence.changed"))
 
     fleet = str(acme.channels["fleet"].id)
@@ -35,4 +35,3 @@ async def test_a_message_is_never_delivered_as_presence_nor_presence_as_a_messag
     assert all(set(change) == {"user", "state"} for change in tuan.of_type("presence.changed"))
     assert len(tuan.of_type("message.created")) == 1
     assert set(created) == {"id", "channel", "seq", "user", "text", "created_at"}
-    await tuan.close()

@@ -43,9 +43,9 @@ def padded_frame(size_bytes: int) -> str:
     return frame
 
 
-async def test_a_frame_just_under_1_mib_of_multibyte_characters_is_answered(live_instances, acme):
+async def test_a_frame_just_under_1_mib_of_multibyte_characters_is_answered(live_instances, acme, closing):
     (instance,) = live_instances(1)
-    linh = await connect(instance, acme, "linh")
+    linh = await closing(connect(instance, acme, "linh"))
     frame = padded_frame(MIB - 16)
     assert len(frame) < MIB // 3  # characters: far under the limit either way
     await linh.send_raw(frame)
@@ -53,25 +53,25 @@ async def test_a_frame_just_under_1_mib_of_multibyte_characters_is_answered(live
     assert error["code"] == "invalid_frame"
     assert "padding" in error["message"]
     assert linh.close_code is None
-    await linh.close()
 
 
-async def test_a_frame_just_over_1_mib_in_bytes_is_closed_1009_though_its_characters_are_fewer(live_instances, acme):
+async def test_a_frame_just_over_1_mib_in_bytes_is_closed_1009_though_its_characters_are_fewer(
+    live_instances, acme, closing
+):
     (instance,) = live_instances(1)
-    linh = await connect(instance, acme, "linh")
+    linh = await closing(connect(instance, acme, "linh"))
     frame = padded_frame(MIB + 1)
     assert len(frame) < MIB // 3
     await linh.send_raw(frame)
     assert await linh.closed(timeout=WAIT) == 1009
     # The limit is the socket's, not the instance's: the next connection is served.
-    again = await connect(instance, acme, "linh")
+    again = await closing(connect(instance, acme, "linh"))
     assert again.of_type("connection.ack")
-    await again.close()
 
 
-async def test_an_8_mib_frame_is_closed_1009_without_being_buffered(live_instances, acme):
+async def test_an_8_mib_frame_is_closed_1009_without_being_buffered(live_instances, acme, closing):
     (instance,) = live_instances(1)
-    linh = await connect(instance, acme, "linh")
+    linh = await closing(connect(instance, acme, "linh"))
     before = memory_kb(instance, "VmRSS")
     # Refused, perhaps before the client finished writing it.
     with contextlib.suppress(websockets.ConnectionClosed):
@@ -79,6 +79,5 @@ async def test_an_8_mib_frame_is_closed_1009_without_being_buffered(live_instanc
     assert await linh.closed(timeout=WAIT) == 1009
     # Its peak memory never held the frame: autobahn refused it on the frame's header.
     assert memory_kb(instance, "VmHWM") - before < 4 * 1024
-    again = await WsClient.open(instance.ws_url(acme.token("linh")))
+    again = await closing(WsClient.open(instance.ws_url(acme.token("linh"))))
     assert (await again.next_of("connection.ack", timeout=WAIT))["user"] == "linh"
-    await again.close()

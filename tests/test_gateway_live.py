@@ -29,17 +29,17 @@ def test_two_instances_serve_health_and_the_api(live_instances, acme):
     assert http("POST", f"{two.http_url}/v1/tokens", {"user": "mai"}, "rk_wrong")[0] == 401
 
 
-async def test_a_real_socket_is_acknowledged_and_a_bad_token_closed_4401(live_instances, acme):
+async def test_a_real_socket_is_acknowledged_and_a_bad_token_closed_4401(live_instances, acme, closing):
     (instance,) = live_instances(1)
     token = acme.token("linh")
-    client = await WsClient.open(instance.ws_url(token))
+    client = await closing(WsClient.open(instance.ws_url(token)))
     ack = await client.next_of("connection.ack")
     assert ack["user"] == "linh"
     await client.send_raw("nonsense")
     assert (await client.next_of("error"))["code"] == "invalid_frame"
     await client.close()
 
-    refused = await WsClient.open(instance.ws_url("forged"))
+    refused = await closing(WsClient.open(instance.ws_url("forged")))
     assert await refused.closed() == 4401
     assert refused.frames == []
     opened = instance.events("connection.opened")

@@ -43,11 +43,11 @@ async def still_answers(client: WsClient, channel_id: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-async def test_a_hostile_frame_is_invalid_and_leaves_the_connection_releasable(live_instances, acme, name):
+async def test_a_hostile_frame_is_invalid_and_leaves_the_connection_releasable(live_instances, acme, name, closing):
     (instance,) = live_instances(1, **timings(grace=300, margin=100))
     fleet = str(acme.channels["fleet"].id)
-    tuan = await connect(instance, acme, "tuan")
-    linh = await connect(instance, acme, "linh")
+    tuan = await closing(connect(instance, acme, "tuan"))
+    linh = await closing(connect(instance, acme, "linh"))
     assert await heard(tuan, "linh", 1) == ["online"]
 
     after = len(linh.frames)
@@ -61,4 +61,3 @@ async def test_a_hostile_frame_is_invalid_and_leaves_the_connection_releasable(l
     await linh.close()
     assert await heard(tuan, "linh", 2) == ["online", "offline"]
     assert "Traceback" not in instance.log_path.read_text()
-    await tuan.close()

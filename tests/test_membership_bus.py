@@ -7,17 +7,17 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from relay import consumers, membership
-from tests.support import Socket
+from tests.support import Closing, Socket
 
 
-async def _open(token: str) -> tuple[Socket, dict]:
-    socket = await Socket.open(token)
+async def _open(token: str, closing: Closing) -> tuple[Socket, dict]:
+    socket = await closing(Socket.open(token))
     assert socket.frames[0]["type"] == "connection.ack"
     return socket, socket.frames[0]["payload"]
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_again(acme, monkeypatch):
+async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_again(acme, monkeypatch, closing):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     monkeypatch.setattr(membership, "RECENT_CHANGES", 2)
     read_connect_for_real = consumers.read_connect
@@ -46,14 +46,13 @@ async def test_a_connect_that_falls_behind_the_bus_memory_reads_its_channels_aga
         return await read_channels(user)
 
     monkeypatch.setattr(consumers, "read_channel_ids", counted)
-    linh, ack = await _open(acme.token("linh"))
+    _, ack = await _open(acme.token("linh"), closing)
     assert reads == ["connect", "channels"]
     assert ack["channels"] == [str(general.id)]
-    await linh.close()
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_replayed(acme, monkeypatch):
+async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_replayed(acme, monkeypatch, closing):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     read_connect_for_real = consumers.read_connect
 
@@ -68,7 +67,7 @@ async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_re
         return read
 
     monkeypatch.setattr(consumers, "read_connect", removed_after_the_read)
-    linh, ack = await _open(acme.token("linh"))
+    linh, ack = await _open(acme.token("linh"), closing)
     # The read saw fleet; the removal that came after it is replayed, not lost.
     assert sorted(ack["channels"]) == sorted([str(fleet.id), str(general.id)])
     layer = get_channel_layer()
@@ -89,12 +88,11 @@ async def test_a_connect_within_the_bus_memory_reads_once_and_gets_the_change_re
     )
     assert (await linh.next_of("message.created"))["channel"] == str(general.id)
     assert membership.bus().listeners  # linh is listening
-    await linh.close()
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_closed_connection_stops_listening_on_the_bus(acme):
-    linh, _ = await _open(acme.token("linh"))
+async def test_a_closed_connection_stops_listening_on_the_bus(acme, closing):
+    linh, _ = await _open(acme.token("linh"), closing)
     pk = acme.users["linh"].pk
     assert pk in membership.bus().listeners
     await linh.close()

@@ -51,12 +51,12 @@ class Scrapes:
         return self.after.get(key, 0.0) - self.before.get(key, 0.0)
 
 
-async def test_connections_frames_presence_and_messages_move_their_families(acme):
+async def test_connections_frames_presence_and_messages_move_their_families(acme, closing):
     scrapes = Scrapes()
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.changed")  # her own online, published once
-    second = await Socket.open(acme.token("linh"))  # already online: suppressed
-    tuan = await Socket.open(acme.token("tuan"))
+    second = await closing(Socket.open(acme.token("linh")))  # already online: suppressed
+    tuan = await closing(Socket.open(acme.token("tuan")))
     # tuan shares two channels with linh: two copies of his online reach her, one is dropped.
     await linh.wait_for(lambda s: {"user": "tuan", "state": "online"} in s.of_type("presence.changed"))
     ack = await linh.send_and_ack(send_payload(acme.channels["fleet"], "metrics"))
@@ -85,25 +85,24 @@ async def test_connections_frames_presence_and_messages_move_their_families(acme
     assert scrapes.moved("relay_frames_in_total", type="made.up") == 0
 
 
-async def test_refusals_and_invalid_fabric_payloads_are_counted(acme):
+async def test_refusals_and_invalid_fabric_payloads_are_counted(acme, closing):
     scrapes = Scrapes()
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.snapshot")
     fleet = str(acme.channels["fleet"].id)
     await get_channel_layer().group_send(group_name(fleet), {"type": "presence.transition", "user": "x"})
-    refused = await Socket.open("forged")
+    refused = await closing(Socket.open("forged"))
     assert await refused.closed() == 4401
     await linh.wait_for(lambda s: scrape_value("relay_presence_invalid_payloads_total") > 0, timeout=5)
     scrapes.again()
     assert scrapes.moved("relay_connections_refused_total", code="4401") == 1
     assert scrapes.moved("relay_presence_invalid_payloads_total") == 1
-    await linh.close()
 
 
-async def test_presence_failures_are_counted_by_op(acme, settings):
+async def test_presence_failures_are_counted_by_op(acme, settings, closing):
     settings.RELAY_PRESENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     scrapes = Scrapes()
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.snapshot")
     await linh.close()
     scrapes.again()
@@ -111,12 +110,12 @@ async def test_presence_failures_are_counted_by_op(acme, settings):
     assert scrapes.moved("relay_presence_published_total", state="online") == 0
 
 
-async def test_agent_registrations_and_sweeps_are_counted(acme):
+async def test_agent_registrations_and_sweeps_are_counted(acme, closing):
     scrapes = Scrapes()
-    worker = await Socket.open(acme.token("linh"))
+    worker = await closing(Socket.open(acme.token("linh")))
     await worker.send("register", {"instance": "w-1", "capability": {"family": "gpu"}})
     await worker.next_of("register.ack")
-    other = await Socket.open(acme.token("tuan"))
+    other = await closing(Socket.open(acme.token("tuan")))
     await other.send("register", {"instance": "w-1"})
     assert (await other.next_of("error"))["code"] == "instance_owned"
     await database_sync_to_async(Registration.objects.create)(
@@ -132,5 +131,3 @@ async def test_agent_registrations_and_sweeps_are_counted(acme):
     assert scrapes.moved("relay_agent_registrations_total", outcome="created") == 1
     assert scrapes.moved("relay_agent_registrations_total", outcome="rejected") == 1
     assert scrapes.moved("relay_agent_swept_total") == len(swept) == 1
-    await worker.close()
-    await other.close()

@@ -29,17 +29,17 @@ def test_the_access_logger_drops_query_strings_and_keeps_the_rest():
 
 @pytest.mark.live
 @pytest.mark.parametrize("verbosity", ["1", "2"])
-async def test_a_live_instance_writes_no_token_anywhere(acme, live_instances, verbosity):
+async def test_a_live_instance_writes_no_token_anywhere(acme, live_instances, verbosity, closing):
     (gw,) = live_instances(1, args=("-v", verbosity), **timings())
     token = acme.token("linh")
-    linh = await WsClient.open(gw.ws_url(token))
+    linh = await closing(WsClient.open(gw.ws_url(token)))
     await linh.next_of("presence.snapshot")
     ack = await linh.send_and_ack(send_payload(acme.channels["fleet"], "hello"))
     assert ack["type"] == "message.ack"
     unknown_user = acme.token("nobody")
     forged = token.rsplit(".", 1)[0] + ".Zm9yZ2VkLXNpZ25hdHVyZS10aGF0LWlzLWxvbmc"
     for refused_token in (unknown_user, forged):
-        refused = await WsClient.open(gw.ws_url(refused_token))
+        refused = await closing(WsClient.open(gw.ws_url(refused_token)))
         assert await refused.closed(WAIT) == 4401
     # A client that sends its token over plain HTTP, not as an upgrade, and as a reader's Bearer.
     plain = acme.token("tuan")
@@ -47,7 +47,7 @@ async def test_a_live_instance_writes_no_token_anywhere(acme, live_instances, ve
     fleet = acme.channels["fleet"].id
     assert status_of(f"{gw.http_url}/v1/channels/{fleet}/messages?token={plain}", bearer=plain) == 200
     await linh.close()
-    tuan = await connect(gw, acme, "tuan")
+    tuan = await closing(connect(gw, acme, "tuan"))
     await tuan.close()
     gw.stop()
     output = gw.log_path.read_text()

@@ -32,10 +32,10 @@ from tests.support import Socket, add_channel, add_user, barrier, close_all, eve
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
 
 
-async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_user(acme):
-    tuan = await Socket.open(acme.token("tuan"))
+async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_user(acme, closing):
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await tuan.next_of("presence.snapshot")
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.snapshot")
     assert linh.frames[0]["type"] == "connection.ack"
     assert linh.frames[1]["type"] == "presence.snapshot"
@@ -45,16 +45,16 @@ async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_
     assert await linh.wait_changes(1) == [{"user": "linh", "state": "online"}]
     assert linh.frames[2] == {"type": "presence.changed", "payload": {"user": "linh", "state": "online"}}
     # hermit shares nobody's channel: his snapshot is himself alone, not linh or tuan.
-    hermit = await Socket.open(acme.token("hermit"))
+    hermit = await closing(Socket.open(acme.token("hermit")))
     assert (await hermit.next_of("presence.snapshot"))["online"] == ["hermit"]
     for socket in (tuan, linh, hermit):
         await socket.close()
 
 
-async def test_the_subject_hears_its_own_online_once_though_it_shares_two_channels(acme):
-    tuan = await Socket.open(acme.token("tuan"))
+async def test_the_subject_hears_its_own_online_once_though_it_shares_two_channels(acme, closing):
+    tuan = await closing(Socket.open(acme.token("tuan")))
     assert await tuan.next_of("presence.changed") == {"user": "tuan", "state": "online"}
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     # tuan's own online came on both fleet and general; the next transition he hears is
     # linh's, so a second copy of his own would sit between them.
     assert await tuan.wait_changes(2) == [{"user": "tuan", "state": "online"}, {"user": "linh", "state": "online"}]
@@ -62,16 +62,16 @@ async def test_the_subject_hears_its_own_online_once_though_it_shares_two_channe
         await socket.close()
 
 
-async def test_a_watcher_sharing_two_channels_gets_one_frame_and_a_second_connection_none(acme):
-    linh = await Socket.open(acme.token("linh"))
+async def test_a_watcher_sharing_two_channels_gets_one_frame_and_a_second_connection_none(acme, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.changed")
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await linh.wait_changes(2)  # tuan's online
-    again = await Socket.open(acme.token("tuan"))
+    again = await closing(Socket.open(acme.token("tuan")))
     await again.next_of("presence.snapshot")
     # The pipe is proven alive after tuan's second connection: mai joins general and connects.
     await add_user(acme, "mai", ("general",))
-    mai_socket = await Socket.open(acme.token("mai"))
+    mai_socket = await closing(Socket.open(acme.token("mai")))
     assert await linh.wait_changes(3) == [
         {"user": "linh", "state": "online"},
         {"user": "tuan", "state": "online"},
@@ -81,9 +81,9 @@ async def test_a_watcher_sharing_two_channels_gets_one_frame_and_a_second_connec
         await socket.close()
 
 
-async def test_a_malformed_fabric_message_is_dropped_and_logged_once_with_its_group(acme, caplog):
-    linh = await Socket.open(acme.token("linh"))
-    tuan = await Socket.open(acme.token("tuan"))
+async def test_a_malformed_fabric_message_is_dropped_and_logged_once_with_its_group(acme, caplog, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await linh.next_of("presence.changed", after=3)  # tuan's online: both are listening
     fleet = str(acme.channels["fleet"].id)
     layer = get_channel_layer()
@@ -106,8 +106,8 @@ async def test_a_malformed_fabric_message_is_dropped_and_logged_once_with_its_gr
         await socket.close()
 
 
-async def test_a_copy_naming_a_channel_the_connection_is_not_in_is_not_delivered(acme):
-    linh = await Socket.open(acme.token("linh"))
+async def test_a_copy_naming_a_channel_the_connection_is_not_in_is_not_delivered(acme, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.changed")
     layer = get_channel_layer()
     fleet = str(acme.channels["fleet"].id)
@@ -117,29 +117,30 @@ async def test_a_copy_naming_a_channel_the_connection_is_not_in_is_not_delivered
     await layer.group_send(group_name(fleet), transition_message("ghost", "offline", str(uuid.uuid4()), fleet))
     await linh.next_of("presence.changed", after=3)
     assert linh.changes("ghost") == [{"user": "ghost", "state": "offline"}]
-    await linh.close()
 
 
-async def test_the_limit_closes_the_next_connection_4429_and_changes_nothing(acme, settings, redis_client):
+async def test_the_limit_closes_the_next_connection_4429_and_changes_nothing(acme, settings, redis_client, closing):
     settings.RELAY_MAX_CONNECTIONS_PER_USER = 2
-    first = await Socket.open(acme.token("tuan"))
-    second = await Socket.open(acme.token("tuan"))
+    first = await closing(Socket.open(acme.token("tuan")))
+    second = await closing(Socket.open(acme.token("tuan")))
     await second.next_of("presence.snapshot")
-    refused = await Socket.open(acme.token("tuan"))
+    refused = await closing(Socket.open(acme.token("tuan")))
     assert await refused.closed() == TOO_MANY_CONNECTIONS
     assert refused.frames == []
     assert redis_client.zcard(connections_key(str(acme.environment.id), "tuan")) == 2
     # A slot frees when a connection closes.
     await first.close()
-    third = await Socket.open(acme.token("tuan"))
+    third = await closing(Socket.open(acme.token("tuan")))
     assert (await third.next_of("connection.ack"))["user"] == "tuan"
     for socket in (second, third):
         await socket.close()
 
 
-async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_are_logged(acme, settings, caplog):
+async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_are_logged(
+    acme, settings, caplog, closing
+):
     settings.RELAY_PRESENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
     assert await linh.next_of("presence.snapshot") == {"online": [], "status": {}}
     # The socket still works for everything else.
@@ -154,16 +155,16 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
 
 @pytest.mark.parametrize("same_redis", [True, False], ids=["published-by-the-scripts", "published-by-the-layer"])
 async def test_online_and_offline_reach_watchers_whichever_redis_holds_presence(
-    acme, settings, redis_url, caplog, same_redis, run_grace_check
+    acme, settings, redis_url, caplog, same_redis, run_grace_check, closing
 ):
     settings.RELAY_PRESENCE_GRACE_MS = 1
     if not same_redis:
         # The same server under another name: to presence, a Redis the layer's groups are not on.
         settings.RELAY_PRESENCE_REDIS_URL = redis_url.replace("127.0.0.1", "localhost")
     assert (actions.service().store.url == settings.RELAY_REDIS_URL) is same_redis
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     assert await linh.wait_changes(1) == [{"user": "linh", "state": "online"}]
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await linh.wait_changes(2)
     await tuan.close()
     await run_grace_check(acme, "tuan")
@@ -181,11 +182,11 @@ async def tick(service: actions.PresenceService) -> None:
 
 
 async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
-    acme, settings, monkeypatch, run_grace_check
+    acme, settings, monkeypatch, run_grace_check, closing
 ):
     settings.RELAY_PRESENCE_GRACE_MS = 1
-    linh = await Socket.open(acme.token("linh"))
-    tuan = await Socket.open(acme.token("tuan"))
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await linh.wait_changes(2)
     service = actions.service()
     refresh, built, answer = service.store.refresh, asyncio.Event(), asyncio.Event()
@@ -213,8 +214,8 @@ async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     await close_all(linh, probe)
 
 
-async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme, monkeypatch, caplog):
-    linh = await Socket.open(acme.token("linh"))
+async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme, monkeypatch, caplog, closing):
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.wait_changes(1)
     service = actions.service()
     elect, refresh = service.store.elect, service.store.refresh
@@ -247,7 +248,9 @@ async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme
         await socket.close()
 
 
-async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme, settings, caplog, run_grace_check):
+async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(
+    acme, settings, caplog, run_grace_check, closing
+):
     settings.RELAY_PRESENCE_GRACE_MS = 1
     gone = asyncio.Event()
     refused: list[dict] = []
@@ -262,9 +265,9 @@ async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme,
 
         await application(scope, receive, send_until_gone)
 
-    linh = await Socket.open(acme.token("linh"), app=closing_app)
+    linh = await closing(Socket.open(acme.token("linh"), app=closing_app))
     await linh.wait_changes(1)
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await tuan.wait_changes(1)
     gone.set()
     await tuan.close()  # its offline is a frame for linh's socket that is gone
@@ -278,10 +281,10 @@ async def test_a_frame_for_a_socket_already_closed_does_not_skip_the_close(acme,
 
 
 async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothing(
-    acme, settings, redis_client, presence_clock, caplog
+    acme, settings, redis_client, presence_clock, caplog, closing
 ):
     settings.RELAY_PRESENCE_GRACE_MS = 1
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await tuan.next_of("presence.changed")
     await tuan.close()
     service = actions.service()
@@ -295,7 +298,7 @@ async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothi
     assert published(caplog) == [("tuan", "online")]
 
 
-async def test_no_transition_writes_a_database_row_but_the_users_last_seen(acme, settings, run_grace_check):
+async def test_no_transition_writes_a_database_row_but_the_users_last_seen(acme, settings, run_grace_check, closing):
     settings.RELAY_PRESENCE_GRACE_MS = 1
 
     @database_sync_to_async
@@ -303,8 +306,8 @@ async def test_no_transition_writes_a_database_row_but_the_users_last_seen(acme,
         return {model._meta.label: model.objects.count() for model in apps.get_models()}
 
     before = await rows()
-    linh = await Socket.open(acme.token("linh"))
-    tuan = await Socket.open(acme.token("tuan"))
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await linh.next_of("presence.changed", after=3)
     await tuan.close()
     await run_grace_check(acme, "tuan")
@@ -313,7 +316,6 @@ async def test_no_transition_writes_a_database_row_but_the_users_last_seen(acme,
     assert await rows() == before | {"presence.UserStatus": before["presence.UserStatus"] + 1}
     row = await database_sync_to_async(UserStatus.objects.get)(user=acme.users["tuan"])
     assert row.last_seen_at is not None and (row.status, row.text, row.invisible) == ("available", "", False)
-    await linh.close()
 
 
 def test_http_presence_lists_the_channels_online_members(acme, globex, api_for, redis_client):
@@ -322,7 +324,10 @@ def test_http_presence_lists_the_channels_online_members(acme, globex, api_for, 
     # globex's linh is online; acme's linh is not: same id, another person.
     redis_client.set(presence_key(str(globex.environment.id), "linh"), "1")
     response = api_for(acme).call("GET", f"/v1/channels/{fleet.id}/presence")
-    assert (response.status_code, response.json()) == (200, {"channel": str(fleet.id), "online": ["tuan"]})
+    assert (response.status_code, response.json()) == (
+        200,
+        {"channel": str(fleet.id), "online": ["tuan"], "next_after": None},
+    )
     assert api_for(globex).call("GET", f"/v1/channels/{fleet.id}/presence").status_code == 404
     assert api_for(None).call("GET", f"/v1/channels/{fleet.id}/presence").status_code == 401
 
@@ -353,7 +358,7 @@ def test_admin_users_show_who_is_online_from_one_mget_and_filter_on_it(acme, glo
     assert len(offline.context["cl"].result_list) == 4
 
 
-async def test_a_membership_removed_while_connecting_still_takes_effect(acme, monkeypatch):
+async def test_a_membership_removed_while_connecting_still_takes_effect(acme, monkeypatch, closing):
     from relay import consumers, membership
 
     read_connect_for_real = consumers.read_connect
@@ -365,7 +370,7 @@ async def test_a_membership_removed_while_connecting_still_takes_effect(acme, mo
         return stale
 
     monkeypatch.setattr(consumers, "read_connect", removed_right_after_the_read)
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     # The ack still lists fleet (it was read before the removal) ...
     assert str(fleet.id) in (await linh.next_of("connection.ack"))["channels"]
     layer = get_channel_layer()
@@ -378,19 +383,18 @@ async def test_a_membership_removed_while_connecting_still_takes_effect(acme, mo
     # ... but the removal was queued, not lost: fleet's presence no longer reaches her, general's does.
     await linh.wait_changes(2)
     assert [change["user"] for change in linh.changes()] == ["linh", "spirit"]
-    await linh.close()
 
 
 async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_is_online(
-    acme, settings, run_grace_check
+    acme, settings, run_grace_check, closing
 ):
     from relay import membership
 
     settings.RELAY_PRESENCE_GRACE_MS = 1
     fleet, general = acme.channels["fleet"], acme.channels["general"]
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.wait_changes(1)
-    hermit = await Socket.open(acme.token("hermit"))
+    hermit = await closing(Socket.open(acme.token("hermit")))
     assert (await hermit.next_of("presence.snapshot"))["online"] == ["hermit"]
 
     await database_sync_to_async(membership.add_member)(fleet, acme.users["hermit"])
@@ -398,7 +402,7 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
     assert await hermit.wait_changes(1) == [{"user": "linh", "state": "online"}]
     # general shows him nobody new: linh is known through fleet already.
     await database_sync_to_async(membership.add_member)(general, acme.users["hermit"])
-    tuan = await Socket.open(acme.token("tuan"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
     await tuan.next_of("presence.snapshot")
     await tuan.close()
     await run_grace_check(acme, "tuan")
@@ -413,15 +417,15 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
 
 
 async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see_them(
-    acme, settings, caplog, run_grace_check
+    acme, settings, caplog, run_grace_check, closing
 ):
     from relay import membership
 
     settings.RELAY_PRESENCE_GRACE_MS = 1
     lab = await add_channel(acme, "lab", "private", ("hermit", "tuan"))
-    tuan = await Socket.open(acme.token("tuan"))
-    hermit = await Socket.open(acme.token("hermit"))
-    linh = await Socket.open(acme.token("linh"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
+    hermit = await closing(Socket.open(acme.token("hermit")))
+    linh = await closing(Socket.open(acme.token("linh")))
     assert await tuan.wait_changes(3) == [
         {"user": "tuan", "state": "online"},
         {"user": "hermit", "state": "online"},
@@ -445,13 +449,13 @@ async def test_a_member_added_live_is_announced_to_the_members_who_could_not_see
         await socket.close()
 
 
-async def test_two_channels_added_together_announce_the_pair_once(acme, settings, caplog, run_grace_check):
+async def test_two_channels_added_together_announce_the_pair_once(acme, settings, caplog, run_grace_check, closing):
     from django.db import transaction
 
     from relay import membership
 
     settings.RELAY_PRESENCE_GRACE_MS = 1
-    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
+    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme, closing)
     den = await add_channel(acme, "den", "private", ("hermit",))
 
     def both_at_once() -> None:
@@ -471,25 +475,24 @@ async def test_two_channels_added_together_announce_the_pair_once(acme, settings
         {"user": "linh", "state": "online"},
         {"user": "linh", "state": "offline"},
     ]
-    await hermit.close()
 
 
-async def _hermit_alone_in_lab_and_linh_online(acme) -> tuple:
+async def _hermit_alone_in_lab_and_linh_online(acme, closing) -> tuple:
     """A new channel "lab" with hermit alone in it, and both hermit and linh connected."""
     lab = await add_channel(acme, "lab", "private", ("hermit",))
-    hermit = await Socket.open(acme.token("hermit"))
+    hermit = await closing(Socket.open(acme.token("hermit")))
     assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.snapshot")
     return lab, hermit, linh
 
 
-async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(acme, settings, run_grace_check):
+async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(acme, settings, run_grace_check, closing):
     from relay import membership
 
     # Her key must outlive the announcement below, so it keeps a grace Redis takes a moment over.
     settings.RELAY_PRESENCE_GRACE_MS = 300
-    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
+    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme, closing)
     await linh.close()
     # Inside her grace she is still online, so lab's hermit hears her announced ...
     await database_sync_to_async(membership.add_member)(lab, acme.users["linh"])
@@ -501,17 +504,16 @@ async def test_a_member_added_during_their_grace_is_announced_and_then_leaves(ac
         {"user": "linh", "state": "online"},
         {"user": "linh", "state": "offline"},
     ]
-    await hermit.close()
 
 
 async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_the_close(
-    acme, settings, monkeypatch, run_grace_check
+    acme, settings, monkeypatch, run_grace_check, closing
 ):
     from relay import membership
     from relay.consumers import GatewayConsumer
 
     settings.RELAY_PRESENCE_GRACE_MS = 1
-    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme)
+    lab, hermit, linh = await _hermit_alone_in_lab_and_linh_online(acme, closing)
 
     async def still_queued(self, event: dict) -> None:
         """As if the close came first: the change reached the connection but was never applied."""
@@ -526,16 +528,15 @@ async def test_an_offline_reaches_a_channel_whose_addition_was_still_queued_at_t
         {"user": "linh", "state": "online"},
         {"user": "linh", "state": "offline"},
     ]
-    await hermit.close()
 
 
-async def test_a_membership_changed_outside_the_api_takes_effect_live(acme):
+async def test_a_membership_changed_outside_the_api_takes_effect_live(acme, closing):
     from relay.models import Membership
 
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     lab = await add_channel(acme, "lab", "private", ("hermit",))
-    tuan = await Socket.open(acme.token("tuan"))
-    hermit = await Socket.open(acme.token("hermit"))
+    tuan = await closing(Socket.open(acme.token("tuan")))
+    hermit = await closing(Socket.open(acme.token("hermit")))
     assert await tuan.wait_changes(1) == [{"user": "tuan", "state": "online"}]
     assert await hermit.wait_changes(1) == [{"user": "hermit", "state": "online"}]
 

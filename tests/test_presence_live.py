@@ -49,11 +49,11 @@ pytestmark = pytest.mark.live
 
 
 # ── who hears an arrival ──────────────────────────────────────────────────────
-async def test_the_contracts_own_command_plain_daphne_serves_presence_across_instances(live_instances, acme):
+async def test_the_contracts_own_command_plain_daphne_serves_presence_across_instances(live_instances, acme, closing):
     # Everything else runs `relay.serve` (Daphne tuned); clients may deploy `daphne` itself.
     a, b = live_instances(2, server="daphne", **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     assert tuan.of_type("presence.snapshot")[0]["online"] == ["linh", "tuan"]
     assert await heard(linh, "tuan", 1) == ["online"]
     await tuan.close()
@@ -62,11 +62,11 @@ async def test_the_contracts_own_command_plain_daphne_serves_presence_across_ins
     await close_all(linh)
 
 
-async def test_a_watcher_sharing_three_channels_gets_one_frame_from_another_instance(live_instances, acme):
+async def test_a_watcher_sharing_three_channels_gets_one_frame_from_another_instance(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
     await add_channel(acme, "ops", "public", ("linh", "tuan"))
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     assert await heard(linh, "tuan", 1) == ["online"]
     probe = await barrier(b, acme, [linh, tuan])
     assert states(linh, "tuan") == ["online"]
@@ -80,22 +80,22 @@ async def test_a_watcher_sharing_three_channels_gets_one_frame_from_another_inst
     await close_all(linh, tuan, probe)
 
 
-async def test_a_second_connection_of_an_online_user_publishes_nothing(live_instances, acme):
+async def test_a_second_connection_of_an_online_user_publishes_nothing(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    first = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    first = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
-    second = await connect(a, acme, "tuan")
+    second = await closing(connect(a, acme, "tuan"))
     probe = await barrier(b, acme, [linh])
     assert states(linh, "tuan") == ["online"]
     assert [line["reason"] for line in lines([a], "presence.suppressed", user="tuan")] == ["already online"]
     await close_all(linh, first, second, probe)
 
 
-async def test_a_user_of_no_channel_reaches_nobody(live_instances, acme):
+async def test_a_user_of_no_channel_reaches_nobody(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    hermit = await connect(b, acme, "hermit")
+    linh = await closing(connect(a, acme, "linh"))
+    hermit = await closing(connect(b, acme, "hermit"))
     probe = await barrier(b, acme, [linh])
     assert states(linh, "hermit") == []
     assert [(line["state"], line["channels"]) for line in lines([b], "presence.published", user="hermit")] == [
@@ -104,13 +104,13 @@ async def test_a_user_of_no_channel_reaches_nobody(live_instances, acme):
     await close_all(linh, hermit, probe)
 
 
-async def test_a_private_channel_hides_its_members_from_non_members(live_instances, acme):
+async def test_a_private_channel_hides_its_members_from_non_members(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
     await add_user(acme, "mai")
     await add_channel(acme, "vault", "private", ("hermit", "mai"))
-    linh = await connect(a, acme, "linh")
-    mai = await connect(a, acme, "mai")
-    hermit = await connect(b, acme, "hermit")
+    linh = await closing(connect(a, acme, "linh"))
+    mai = await closing(connect(a, acme, "mai"))
+    hermit = await closing(connect(b, acme, "hermit"))
     # mai is in the vault and hears hermit; linh is not and does not, though the pipe works.
     assert await heard(mai, "hermit", 1) == ["online"]
     probe = await barrier(b, acme, [linh])
@@ -118,11 +118,11 @@ async def test_a_private_channel_hides_its_members_from_non_members(live_instanc
     await close_all(linh, mai, hermit, probe)
 
 
-async def test_nothing_crosses_the_tenant_wall(live_instances, acme, globex):
+async def test_nothing_crosses_the_tenant_wall(live_instances, acme, globex, closing):
     a, b = live_instances(2, **timings())
-    acme_linh = await connect(a, acme, "linh")
-    zed = await connect(b, globex, "zed")
-    tuan = await connect(b, acme, "tuan")
+    acme_linh = await closing(connect(a, acme, "linh"))
+    zed = await closing(connect(b, globex, "zed"))
+    tuan = await closing(connect(b, acme, "tuan"))
     assert await heard(acme_linh, "tuan", 1) == ["online"]
     probe = await barrier(a, globex, [zed], channel="board")
     # zed heard only globex people: himself and globex's probe, never acme's tuan or linh.
@@ -130,14 +130,14 @@ async def test_nothing_crosses_the_tenant_wall(live_instances, acme, globex):
     await close_all(acme_linh, zed, tuan, probe)
 
 
-async def test_the_same_user_id_in_two_tenants_is_two_people(live_instances, acme, globex):
+async def test_the_same_user_id_in_two_tenants_is_two_people(live_instances, acme, globex, closing):
     a, b = live_instances(2, **timings())
-    tuan = await connect(a, acme, "tuan")
-    zed = await connect(b, globex, "zed")
-    acme_linh = await connect(a, acme, "linh")
+    tuan = await closing(connect(a, acme, "tuan"))
+    zed = await closing(connect(b, globex, "zed"))
+    acme_linh = await closing(connect(a, acme, "linh"))
     assert await heard(tuan, "linh", 1) == ["online"]
     # globex's linh is not "already online" because acme's linh is: she gets her own online.
-    globex_linh = await connect(b, globex, "linh")
+    globex_linh = await closing(connect(b, globex, "linh"))
     assert await heard(zed, "linh", 1) == ["online"]
     # acme's linh leaving is heard in acme and changes nothing for globex's linh.
     await acme_linh.close()
@@ -151,10 +151,10 @@ async def test_the_same_user_id_in_two_tenants_is_two_people(live_instances, acm
 
 
 # ── the grace period ──────────────────────────────────────────────────────────
-async def test_one_offline_after_the_grace_and_not_before(live_instances, acme):
+async def test_one_offline_after_the_grace_and_not_before(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     closed_at = time.monotonic()
     await tuan.close()
@@ -168,14 +168,14 @@ async def test_one_offline_after_the_grace_and_not_before(live_instances, acme):
 
 
 @pytest.mark.parametrize("same_instance", [True, False], ids=["same-instance", "other-instance"])
-async def test_a_reconnect_inside_the_grace_publishes_nothing(live_instances, acme, same_instance):
+async def test_a_reconnect_inside_the_grace_publishes_nothing(live_instances, acme, same_instance, closing):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     await tuan.close()
     await asyncio.sleep(GRACE / 3000)
-    back = await connect(b if same_instance else a, acme, "tuan")
+    back = await closing(connect(b if same_instance else a, acme, "tuan"))
     # b's grace check decided "still online"; only then can silence be asserted.
     await logged(b, "presence.suppressed", user="tuan", state="offline", reason="a connection is still open somewhere")
     probe = await barrier(a, acme, [linh])
@@ -183,17 +183,17 @@ async def test_a_reconnect_inside_the_grace_publishes_nothing(live_instances, ac
     await close_all(linh, back, probe)
 
 
-async def test_a_reconnect_after_the_ttl_lapsed_but_inside_the_grace_publishes_nothing(live_instances, acme):
+async def test_a_reconnect_after_the_ttl_lapsed_but_inside_the_grace_publishes_nothing(live_instances, acme, closing):
     # TTL well below the grace opens the gap the close's re-pin exists for (docs/presence.md, The races: the re-pin):
     # without it the key is gone by the reconnect, which wins the election and says `online` again.
     grace, ttl, refresh = 2000, 500, 150
     a, b = live_instances(2, **timings(grace=grace, ttl=ttl, refresh=refresh))
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     await tuan.close()
     await asyncio.sleep(2 * ttl / 1000)
-    back = await connect(b, acme, "tuan")
+    back = await closing(connect(b, acme, "tuan"))
     assert [line["reason"] for line in lines([b], "presence.suppressed", user="tuan", state="online")] == [
         "already online"
     ]
@@ -203,10 +203,10 @@ async def test_a_reconnect_after_the_ttl_lapsed_but_inside_the_grace_publishes_n
     await close_all(linh, back, probe)
 
 
-async def test_five_connections_publish_nothing_until_the_last_closes(live_instances, acme):
+async def test_five_connections_publish_nothing_until_the_last_closes(live_instances, acme, closing):
     a, b = live_instances(2, **timings(RELAY_MAX_CONNECTIONS_PER_USER=5))
-    linh = await connect(a, acme, "linh")
-    sockets = [await connect(a if index % 2 else b, acme, "tuan") for index in range(5)]
+    linh = await closing(connect(a, acme, "linh"))
+    sockets = [await closing(connect(a if index % 2 else b, acme, "tuan")) for index in range(5)]
     await heard(linh, "tuan", 1)
     await close_all(*sockets[:4])
     # a closed its last two: its check must have found tuan still online on b.
@@ -220,14 +220,14 @@ async def test_five_connections_publish_nothing_until_the_last_closes(live_insta
     await close_all(linh, probe, late)
 
 
-async def test_close_reopen_close_inside_one_window_is_one_decision_at_the_end(live_instances, acme):
+async def test_close_reopen_close_inside_one_window_is_one_decision_at_the_end(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     await tuan.close()
     await asyncio.sleep(GRACE / 3000)
-    again = await connect(b, acme, "tuan")
+    again = await closing(connect(b, acme, "tuan"))
     second_close = time.monotonic()
     await again.close()
     assert await heard(linh, "tuan", 2) == ["online", "offline"]
@@ -240,11 +240,11 @@ async def test_close_reopen_close_inside_one_window_is_one_decision_at_the_end(l
     await close_all(linh, probe)
 
 
-async def test_two_instances_closing_together_publish_one_offline(live_instances, acme):
+async def test_two_instances_closing_together_publish_one_offline(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    on_a = await connect(a, acme, "tuan")
-    on_b = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    on_a = await closing(connect(a, acme, "tuan"))
+    on_b = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     await asyncio.gather(on_a.close(), on_b.close())
     assert await heard(linh, "tuan", 2) == ["online", "offline"]
@@ -257,13 +257,13 @@ async def test_two_instances_closing_together_publish_one_offline(live_instances
     await close_all(linh, probe)
 
 
-async def test_a_dozen_users_closing_at_once_get_one_offline_each(live_instances, acme):
+async def test_a_dozen_users_closing_at_once_get_one_offline_each(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
     crowd = [f"crew-{index}" for index in range(12)]
     for user_id in crowd:
         await add_user(acme, user_id, ("general",))
-    linh = await connect(a, acme, "linh")
-    sockets = [await connect(a if index % 2 else b, acme, user_id) for index, user_id in enumerate(crowd)]
+    linh = await closing(connect(a, acme, "linh"))
+    sockets = [await closing(connect(a if index % 2 else b, acme, user_id)) for index, user_id in enumerate(crowd)]
     for user_id in crowd:
         await heard(linh, user_id, 1)
     await asyncio.gather(*(socket.close() for socket in sockets))
@@ -275,33 +275,37 @@ async def test_a_dozen_users_closing_at_once_get_one_offline_each(live_instances
 
 
 # ── the connection limit ──────────────────────────────────────────────────────
-async def test_the_limit_holds_across_instances_and_a_slot_frees_on_close(live_instances, acme, redis_client):
+async def test_the_limit_holds_across_instances_and_a_slot_frees_on_close(live_instances, acme, redis_client, closing):
     a, b = live_instances(2, **timings(RELAY_MAX_CONNECTIONS_PER_USER=3))
-    linh = await connect(a, acme, "linh")
-    held = [await connect(a, acme, "tuan"), await connect(a, acme, "tuan"), await connect(b, acme, "tuan")]
-    refused = await WsClient.open(b.ws_url(acme.token("tuan")))
+    linh = await closing(connect(a, acme, "linh"))
+    held = [
+        await closing(connect(a, acme, "tuan")),
+        await closing(connect(a, acme, "tuan")),
+        await closing(connect(b, acme, "tuan")),
+    ]
+    refused = await closing(WsClient.open(b.ws_url(acme.token("tuan"))))
     assert await refused.closed(timeout=WAIT) == 4429
     assert refused.frames == []
     assert redis_client.zcard(connections_key(str(acme.environment.id), "tuan")) == 3
     await held[0].close()
-    fourth = await connect(b, acme, "tuan")
+    fourth = await closing(connect(b, acme, "tuan"))
     assert fourth.of_type("connection.ack")[0]["user"] == "tuan"
     probe = await barrier(b, acme, [linh])
     assert states(linh, "tuan") == ["online"]
     await close_all(linh, *held[1:], fourth, probe)
 
 
-async def test_the_slots_of_a_killed_instance_free_after_the_ttl(live_instances, acme):
+async def test_the_slots_of_a_killed_instance_free_after_the_ttl(live_instances, acme, closing):
     a, b = live_instances(2, **timings(RELAY_MAX_CONNECTIONS_PER_USER=2))
-    on_b = [await connect(b, acme, "tuan"), await connect(b, acme, "tuan")]
-    refused = await WsClient.open(a.ws_url(acme.token("tuan")))
+    on_b = [await closing(connect(b, acme, "tuan")), await closing(connect(b, acme, "tuan"))]
+    refused = await closing(WsClient.open(a.ws_url(acme.token("tuan"))))
     assert await refused.closed(timeout=WAIT) == 4429
     b.kill()
     killed_at = time.monotonic()
 
     async def admitted() -> WsClient:
         while True:
-            client = await WsClient.open(a.ws_url(acme.token("tuan")))
+            client = await closing(WsClient.open(a.ws_url(acme.token("tuan"))))
             await client.wait_for(lambda c: c.frames or c.close_code, WAIT)
             if client.close_code is None:
                 return client
@@ -313,10 +317,10 @@ async def test_the_slots_of_a_killed_instance_free_after_the_ttl(live_instances,
 
 
 # ── no ghosts, no false departures ────────────────────────────────────────────
-async def test_a_killed_instances_users_go_offline_from_a_survivor(live_instances, acme):
+async def test_a_killed_instances_users_go_offline_from_a_survivor(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     b.kill()
     killed_at = time.monotonic()
@@ -332,18 +336,20 @@ async def test_a_killed_instances_users_go_offline_from_a_survivor(live_instance
     await close_all(linh, tuan, probe)
 
 
-async def test_a_reconnect_after_a_killed_instances_key_expired_says_nothing_new(live_instances, acme, redis_client):
+async def test_a_reconnect_after_a_killed_instances_key_expired_says_nothing_new(
+    live_instances, acme, redis_client, closing
+):
     # A grace long enough that the reconnect surely lands between the key's expiry and the
     # reaper's decision (last refresh + TTL + grace).
     grace = 3000
     a, b = live_instances(2, **timings(grace=grace))
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     assert await heard(linh, "tuan", 1) == ["online"]
     b.kill()
     key = presence_key(str(acme.environment.id), "tuan")
     await until(lambda: not redis_client.exists(key))
-    back = await connect(a, acme, "tuan")
+    back = await closing(connect(a, acme, "tuan"))
     # watchers last heard `online` and tuan is back: neither a second `online` nor, once his old
     # deadline has passed, an `offline` from the reaper.
     await logged(a, "presence.suppressed", user="tuan", reason=actions.NEVER_RETRACTED)
@@ -356,19 +362,19 @@ async def test_a_reconnect_after_a_killed_instances_key_expired_says_nothing_new
     await close_all(linh, tuan, probe)
 
 
-async def test_a_stopped_instance_publishes_nothing_after_and_a_survivor_decides(live_instances, acme):
+async def test_a_stopped_instance_publishes_nothing_after_and_a_survivor_decides(live_instances, acme, closing):
     # A TTL far beyond the test's waits: a slot that frees now was freed by the stop, not expired.
     a, b = live_instances(2, **timings(grace=1500, ttl=6000, RELAY_MAX_CONNECTIONS_PER_USER=1))
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
-    held = await connect(b, acme, "hermit")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
+    held = await closing(connect(b, acme, "hermit"))
     await heard(linh, "tuan", 1)
     await tuan.close()
     # tuan's grace check is pending on b when b is stopped (SIGTERM): it is cancelled with b.
     await asyncio.sleep(0.2)
     b.stop()
     # b freed hermit's slot as it stopped, so his reconnect elsewhere is not refused for a TTL.
-    hermit = await connect(a, acme, "hermit")
+    hermit = await closing(connect(a, acme, "hermit"))
     assert await heard(linh, "tuan", 2, timeout=(6000 + 1500 + REFRESH) / 1000 + WAIT) == ["online", "offline"]
     await logged(a, "presence.published", user="tuan", state="offline")
     assert [line["state"] for line in lines([b], "presence.published", user="tuan")] == ["online"]
@@ -378,10 +384,12 @@ async def test_a_stopped_instance_publishes_nothing_after_and_a_survivor_decides
     await close_all(linh, held, hermit, probe)
 
 
-async def test_keys_deleted_under_a_live_user_are_re_elected_without_a_departure(live_instances, acme, redis_client):
+async def test_keys_deleted_under_a_live_user_are_re_elected_without_a_departure(
+    live_instances, acme, redis_client, closing
+):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     environment = str(acme.environment.id)
     redis_client.delete(presence_key(environment, "tuan"), connections_key(environment, "tuan"), DEADLINES)
@@ -395,10 +403,12 @@ async def test_keys_deleted_under_a_live_user_are_re_elected_without_a_departure
     await close_all(linh, tuan, probe)
 
 
-async def test_an_offline_published_while_the_key_was_gone_is_followed_by_online(live_instances, acme, redis_client):
+async def test_an_offline_published_while_the_key_was_gone_is_followed_by_online(
+    live_instances, acme, redis_client, closing
+):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     environment = str(acme.environment.id)
     # What another instance's grace check leaves after finding the key gone and saying `offline`.
@@ -409,12 +419,12 @@ async def test_an_offline_published_while_the_key_was_gone_is_followed_by_online
     await close_all(linh, tuan)
 
 
-async def test_a_presence_redis_restart_loses_no_live_user(live_instances, acme):
+async def test_a_presence_redis_restart_loses_no_live_user(live_instances, acme, closing):
     presence_redis = EmbeddedRedis().start()
     try:
         a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
-        linh = await connect(a, acme, "linh")
-        tuan = await connect(b, acme, "tuan")
+        linh = await closing(connect(a, acme, "linh"))
+        tuan = await closing(connect(b, acme, "tuan"))
         await heard(linh, "tuan", 1)
         presence_redis.stop()
         presence_redis.start()  # empty: persistence is off
@@ -428,9 +438,9 @@ async def test_a_presence_redis_restart_loses_no_live_user(live_instances, acme)
 
 
 # ── when the presence Redis is gone ───────────────────────────────────────────
-async def test_with_the_presence_redis_unreachable_sockets_open_and_failures_are_logged(live_instances, acme):
+async def test_with_the_presence_redis_unreachable_sockets_open_and_failures_are_logged(live_instances, acme, closing):
     (broken,) = live_instances(1, **timings(RELAY_PRESENCE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"))
-    linh = await connect(broken, acme, "linh")
+    linh = await closing(connect(broken, acme, "linh"))
     assert linh.of_type("connection.ack")[0]["user"] == "linh"
     assert linh.of_type("presence.snapshot") == [{"online": [], "status": {}}]
     await linh.send_raw("not json")
@@ -438,7 +448,7 @@ async def test_with_the_presence_redis_unreachable_sockets_open_and_failures_are
     # The rest of the instance works: the API answers, and messages flow both ways.
     status, _ = http("POST", f"{broken.http_url}/v1/tokens", {"user": "tuan"}, acme.api_key)
     assert status == 201
-    tuan = await connect(broken, acme, "tuan")
+    tuan = await closing(connect(broken, acme, "tuan"))
     fleet = str(acme.channels["fleet"].id)
     await linh.send("message.send", {"idem_key": "k-1", "channel": fleet, "text": "still here?"})
     assert (await linh.next_of("message.ack"))["seq"] == 1
@@ -455,20 +465,20 @@ async def test_with_the_presence_redis_unreachable_sockets_open_and_failures_are
     assert "exception" not in {key for line in broken.events() for key in line}
 
 
-async def test_when_the_presence_redis_returns_the_next_transition_publishes(live_instances, acme):
+async def test_when_the_presence_redis_returns_the_next_transition_publishes(live_instances, acme, closing):
     presence_redis = EmbeddedRedis().start()
     try:
         a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
-        linh = await connect(a, acme, "linh")
+        linh = await closing(connect(a, acme, "linh"))
         presence_redis.stop()
         # tuan connects during the outage: acknowledged, and the failure logged.
-        tuan = await connect(b, acme, "tuan")
+        tuan = await closing(connect(b, acme, "tuan"))
         await logged(b, "presence.failed", op="admit")
         presence_redis.start()
         # Without restarting anything: tuan's refresh announces him, and a new arrival publishes.
         assert await heard(linh, "tuan", 1) == ["online"]
         await add_user(acme, "mai", ("general",))
-        mai = await connect(b, acme, "mai")
+        mai = await closing(connect(b, acme, "mai"))
         assert await heard(linh, "mai", 1) == ["online"]
         await close_all(linh, tuan, mai)
     finally:
@@ -476,9 +486,9 @@ async def test_when_the_presence_redis_returns_the_next_transition_publishes(liv
 
 
 # ── the fabric, the snapshot, membership ──────────────────────────────────────
-async def test_a_malformed_fabric_message_is_dropped_and_logged_with_its_group(live_instances, acme):
+async def test_a_malformed_fabric_message_is_dropped_and_logged_with_its_group(live_instances, acme, closing):
     (a,) = live_instances(1, **timings())
-    linh = await connect(a, acme, "linh")
+    linh = await closing(connect(a, acme, "linh"))
     fleet = str(acme.channels["fleet"].id)
     good = transition_message("ghost", "online", "6f1c1c7e-4d55-4a3c-9a3f-3f0b0f4c8a11", fleet)
     layer = get_channel_layer()
@@ -493,7 +503,7 @@ async def test_a_malformed_fabric_message_is_dropped_and_logged_with_its_group(l
     await layer.flush()
 
 
-async def test_snapshots_and_changes_converge_while_users_come_and_go(live_instances, acme):
+async def test_snapshots_and_changes_converge_while_users_come_and_go(live_instances, acme, closing):
     a, b = live_instances(2, **timings(grace=300, margin=100, ttl=900, refresh=250, RELAY_MAX_CONNECTIONS_PER_USER=10))
     flappers = [f"flap-{index}" for index in range(4)]
     for user_id in flappers:
@@ -506,12 +516,12 @@ async def test_snapshots_and_changes_converge_while_users_come_and_go(live_insta
             if (round_ + index) % 3 == 0 and user_id in open_now:
                 await open_now.pop(user_id).close()
             elif user_id not in open_now:
-                open_now[user_id] = await WsClient.open((a if index % 2 else b).ws_url(acme.token(user_id)))
+                open_now[user_id] = await closing(WsClient.open((a if index % 2 else b).ws_url(acme.token(user_id))))
 
     # Watchers connect in the middle of the churn, so transitions race their snapshots.
     for round_ in range(6):
         await flap(round_)
-        watchers.append(await WsClient.open((a if round_ % 2 else b).ws_url(acme.token("linh"))))
+        watchers.append(await closing(WsClient.open((a if round_ % 2 else b).ws_url(acme.token("linh")))))
         await asyncio.sleep(0.15)
     # Let every pending grace check decide, then read the truth.
     await asyncio.sleep(1.2)
@@ -529,14 +539,14 @@ async def test_snapshots_and_changes_converge_while_users_come_and_go(live_insta
     await close_all(*watchers, *open_now.values(), probe)
 
 
-async def test_removing_a_member_takes_effect_on_live_connections_at_once(live_instances, acme):
+async def test_removing_a_member_takes_effect_on_live_connections_at_once(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
     await add_user(acme, "mai")
     await add_user(acme, "an")
     ops = await add_channel(acme, "ops", "public", ("linh", "mai", "an"))
-    linh = await connect(a, acme, "linh")
-    an = await connect(a, acme, "an")
-    mai = await connect(b, acme, "mai")
+    linh = await closing(connect(a, acme, "linh"))
+    an = await closing(connect(a, acme, "an"))
+    mai = await closing(connect(b, acme, "mai"))
     assert await heard(linh, "mai", 1) == ["online"]
     status, _ = http("DELETE", f"{b.http_url}/v1/channels/{ops.id}/members/linh", api_key=acme.api_key)
     assert status == 204
@@ -546,7 +556,7 @@ async def test_removing_a_member_takes_effect_on_live_connections_at_once(live_i
     probe = await barrier(a, acme, [linh])
     assert states(linh, "mai") == ["online"]
     # ... and linh's own departure no longer goes to ops: tuan (general) hears it, an (ops) does not.
-    tuan = await connect(b, acme, "tuan")
+    tuan = await closing(connect(b, acme, "tuan"))
     await linh.close()
     assert await heard(tuan, "linh", 1) == ["offline"]
     ops_probe = await barrier(b, acme, [an], channel="ops")
@@ -555,13 +565,13 @@ async def test_removing_a_member_takes_effect_on_live_connections_at_once(live_i
     await close_all(an, probe, tuan, ops_probe)
 
 
-async def test_a_member_added_through_the_api_and_the_channel_hear_each_other_at_once(live_instances, acme):
+async def test_a_member_added_through_the_api_and_the_channel_hear_each_other_at_once(live_instances, acme, closing):
     a, b = live_instances(2, **timings())
     await add_user(acme, "mai")
     await add_user(acme, "an")
     ops = await add_channel(acme, "ops", "public", ("mai", "an"))
-    mai = await connect(b, acme, "mai")
-    linh = await connect(a, acme, "linh")
+    mai = await closing(connect(b, acme, "mai"))
+    linh = await closing(connect(a, acme, "linh"))
     assert "mai" not in linh.of_type("presence.snapshot")[0]["online"]
     status, _ = http("PUT", f"{b.http_url}/v1/channels/{ops.id}/members/linh", api_key=acme.api_key)
     assert status == 201
@@ -574,19 +584,19 @@ async def test_a_member_added_through_the_api_and_the_channel_hear_each_other_at
     await mai.close()
     assert await heard(linh, "mai", 2) == ["online", "offline"]
     assert states(linh, "an") == []
-    an = await connect(b, acme, "an")
+    an = await closing(connect(b, acme, "an"))
     await linh.close()
     assert await heard(an, "linh", 1) == ["offline"]
     await close_all(an)
 
 
-async def test_http_presence_answers_from_any_instance(live_instances, acme, globex):
+async def test_http_presence_answers_from_any_instance(live_instances, acme, globex, closing):
     a, b = live_instances(2, **timings())
-    tuan = await connect(b, acme, "tuan")
+    tuan = await closing(connect(b, acme, "tuan"))
     fleet = acme.channels["fleet"]
     for instance in (a, b):
         status, body = http("GET", f"{instance.http_url}/v1/channels/{fleet.id}/presence", api_key=acme.api_key)
-        assert (status, body) == (200, {"channel": str(fleet.id), "online": ["tuan"]})
+        assert (status, body) == (200, {"channel": str(fleet.id), "online": ["tuan"], "next_after": None})
     status, body = http("GET", f"{a.http_url}/v1/channels/{fleet.id}/presence", api_key=globex.api_key)
     assert (status, body["error"]["code"]) == (404, "channel_not_found")
     await close_all(tuan)

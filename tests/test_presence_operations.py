@@ -82,10 +82,12 @@ def offline_heard(watcher, user_ids: list[str]) -> int:
     return sum(1 for change in watcher.changes() if change["state"] == "offline" and change["user"] in wanted)
 
 
-async def test_the_reapers_offline_never_lands_after_a_reconnects_online(live_instances, acme, redis_url, redis_client):
+async def test_the_reapers_offline_never_lands_after_a_reconnects_online(
+    live_instances, acme, redis_url, redis_client, closing
+):
     a, b = live_instances(2, **timings())
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     users = await add_users(acme, "gone", 300, "general")
     await held_by_a_dead_instance(redis_url, acme, users, "general", TTL, GRACE, REFRESH)
     # The reaper decides them all in one script; the moment the first is decided, the last ones
@@ -107,11 +109,13 @@ async def test_the_reapers_offline_never_lands_after_a_reconnects_online(live_in
     await close_all(linh, tuan, probe, *returned)
 
 
-async def test_a_dead_instances_ten_thousand_users_are_reaped_by_two_survivors_in_time(live_instances, acme, redis_url):
+async def test_a_dead_instances_ten_thousand_users_are_reaped_by_two_survivors_in_time(
+    live_instances, acme, redis_url, closing
+):
     ttl, grace, refresh = 2000, 1000, 500
     a, b = live_instances(2, **timings(grace=grace, ttl=ttl, refresh=refresh))
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
     # Not in the database at all: the reaper publishes to the channels kept beside each deadline.
     users = [f"ghost-{i:05d}" for i in range(10_000)]
     before = {id(watcher): len(watcher.frames) for watcher in (linh, tuan)}
@@ -139,12 +143,12 @@ async def test_a_dead_instances_ten_thousand_users_are_reaped_by_two_survivors_i
     await close_all(linh, tuan, probe)
 
 
-async def test_a_grace_check_that_failed_is_asked_again(live_instances, acme):
+async def test_a_grace_check_that_failed_is_asked_again(live_instances, acme, closing):
     presence_redis = EmbeddedRedis().start()
     try:
         a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
-        linh = await connect(a, acme, "linh")
-        tuan = await connect(b, acme, "tuan")
+        linh = await closing(connect(a, acme, "linh"))
+        tuan = await closing(connect(b, acme, "tuan"))
         assert await heard(linh, "tuan", 1) == ["online"]
         key = presence_key(str(acme.environment.id), "tuan")
         client = redis.Redis.from_url(presence_redis.url)
@@ -164,13 +168,15 @@ async def test_a_grace_check_that_failed_is_asked_again(live_instances, acme):
         presence_redis.close()
 
 
-async def test_a_refused_replacement_keeps_the_last_closes_re_pin_and_grace_check(live_instances, acme, redis_client):
+async def test_a_refused_replacement_keeps_the_last_closes_re_pin_and_grace_check(
+    live_instances, acme, redis_client, closing
+):
     # A TTL and refresh far beyond the test: `offline` in time can only come from the grace check
     # (the reaper would take TTL + grace), and no refresh runs while Redis is paused.
     ttl = 12_000
     (a,) = live_instances(1, **timings(ttl=ttl, refresh=5000, RELAY_MAX_CONNECTIONS_PER_USER=1))
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(a, acme, "tuan")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(a, acme, "tuan"))
     assert await heard(linh, "tuan", 1) == ["online"]
     # Writes held back: the replacement's election waits in Redis, and the close of the
     # connection it replaces runs meanwhile on the instance.
@@ -192,7 +198,7 @@ async def test_a_refused_replacement_keeps_the_last_closes_re_pin_and_grace_chec
     await close_all(linh, probe)
 
 
-async def test_redis_losing_its_data_before_a_grace_check_makes_no_flap(live_instances, acme):
+async def test_redis_losing_its_data_before_a_grace_check_makes_no_flap(live_instances, acme, closing):
     presence_redis = EmbeddedRedis().start()
     try:
         # A refresh interval far longer than the check's delay: b's check comes before a's next
@@ -201,9 +207,9 @@ async def test_redis_losing_its_data_before_a_grace_check_makes_no_flap(live_ins
         a, b = live_instances(
             2, **timings(grace=grace, ttl=6000, refresh=refresh, RELAY_PRESENCE_REDIS_URL=presence_redis.url)
         )
-        linh = await connect(a, acme, "linh")
-        on_a = await connect(a, acme, "tuan")
-        on_b = await connect(b, acme, "tuan")
+        linh = await closing(connect(a, acme, "linh"))
+        on_a = await closing(connect(a, acme, "tuan"))
+        on_b = await closing(connect(b, acme, "tuan"))
         assert await heard(linh, "tuan", 1) == ["online"]
         client = redis.Redis.from_url(presence_redis.url)
         conns = connections_key(str(acme.environment.id), "tuan")

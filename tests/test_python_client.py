@@ -14,9 +14,11 @@ from channels.layers import get_channel_layer
 from relay_client import (
     AgentRefused,
     Client,
+    Error,
     IdentityMismatch,
     PresenceChanged,
     SendRefused,
+    Signal,
     TooManyConnections,
     Unauthorized,
 )
@@ -89,15 +91,15 @@ async def eventually(condition, timeout: float = 20.0, interval: float = 0.1) ->
 
 
 # ── the surface ──────────────────────────────────────────────────────────────
-async def test_connect_gives_the_snapshot_and_send_answers_with_the_ack(live_instances, cast):
+async def test_connect_gives_the_snapshot_and_send_answers_with_the_ack(live_instances, cast, closing):
     a, b = live_instances(2)
     general = ids(cast)["general"]
-    linh = await connected(a, cast, "linh")
+    linh = await closing(connected(a, cast, "linh"))
     app = Application(linh)
     assert linh.user == "linh" and linh.connected
     assert linh.channels == {general, ids(cast)["fleet"]}
 
-    tuan = await connected(b, cast, "tuan")
+    tuan = await closing(connected(b, cast, "tuan"))
     await app.until(lambda app: "tuan" in linh.online)
     assert PresenceChanged(user="tuan", state="online") in app.events
 
@@ -112,23 +114,21 @@ async def test_connect_gives_the_snapshot_and_send_answers_with_the_ack(live_ins
     assert app.disconnects() == [], "close() is not a lost connection"
 
 
-async def test_a_refused_send_raises_with_its_code_and_the_next_send_still_works(live_instances, cast):
+async def test_a_refused_send_raises_with_its_code_and_the_next_send_still_works(live_instances, cast, closing):
     (a,) = live_instances(1)
-    hermit = await connected(a, cast, "hermit")
+    hermit = await closing(connected(a, cast, "hermit"))
     with pytest.raises(SendRefused) as refused:
         await hermit.send(ids(cast)["general"], "not mine", idem_key="k-1")
     assert (refused.value.error.code, refused.value.idem_key) == ("not_a_member", "k-1")
-    linh = await connected(a, cast, "linh")
+    linh = await closing(connected(a, cast, "linh"))
     assert (await linh.send(ids(cast)["general"], "mine")).seq == 1
-    await hermit.close()
-    await linh.close()
 
 
-async def test_the_first_connection_delivers_each_channels_history_first_then_live_ones(live_instances, cast):
+async def test_the_first_connection_delivers_each_channels_history_first_then_live_ones(live_instances, cast, closing):
     (a,) = live_instances(1)
     general, fleet = ids(cast)["general"], ids(cast)["fleet"]
     await database_sync_to_async(store_history)(cast.channels["general"], cast.users["tuan"], 620)
-    linh = await connected(a, cast, "linh")
+    linh = await closing(connected(a, cast, "linh"))
     app = Application(linh)
     await linh.send(general, "live")
     await app.until(lambda app: len(app.seqs(general)) == 621)
@@ -136,13 +136,12 @@ async def test_the_first_connection_delivers_each_channels_history_first_then_li
     assert app.messages(general)[-1].text == "live"
     assert app.seqs(fleet) == []
     assert linh.cursor == {general: 621, fleet: 0}
-    await linh.close()
 
 
-async def test_a_later_client_starts_from_the_cursor_an_earlier_one_kept(live_instances, cast):
+async def test_a_later_client_starts_from_the_cursor_an_earlier_one_kept(live_instances, cast, closing):
     (a,) = live_instances(1)
     general, fleet = ids(cast)["general"], ids(cast)["fleet"]
-    first = await connected(a, cast, "linh")
+    first = await closing(connected(a, cast, "linh"))
     for n in range(3):
         await first.send(general, f"early {n}")
     app = Application(first)
@@ -151,20 +150,51 @@ async def test_a_later_client_starts_from_the_cursor_an_earlier_one_kept(live_in
     await first.close()
 
     await database_sync_to_async(store_history)(cast.channels["general"], cast.users["tuan"], 2)
-    later = await connected(a, cast, "linh", cursor=kept)
+    later = await closing(connected(a, cast, "linh", cursor=kept))
     later_app = Application(later)
     await later_app.until(lambda app: len(app.seqs(general)) == 2)
     assert later_app.seqs(general) == [4, 5] and later_app.seqs(fleet) == []
-    await later.close()
+
+
+async def test_signals_reach_the_other_members_client_and_a_refusal_comes_as_an_error_event(
+    live_instances, cast, closing
+):
+    a, b = live_instances(2)
+    general = ids(cast)["general"]
+    linh = await closing(connected(a, cast, "linh"))
+    tuan = await closing(connected(b, cast, "tuan"))
+    hermit = await closing(connected(a, cast, "hermit"))
+    linh_app, tuan_app, hermit_app = Application(linh), Application(tuan), Application(hermit)
+
+    await linh.signal(general, "typing", {"draft": 1})
+    (heard,) = await tuan_app.until(lambda app: [e for e in app.events if isinstance(e, Signal)])
+    assert heard == Signal(channel=general, user="linh", name="typing", data={"draft": 1})
+    await hermit.signal(general, "typing")
+    (refused,) = await hermit_app.until(lambda app: [e for e in app.events if isinstance(e, Error)])
+    assert (refused.code, refused.type) == ("not_a_member", "signal")
+    # Later signals each client does hear: linh never hears her own, and hermit's refused one went nowhere.
+    await linh.signal(general, "stopped")
+    await tuan.signal(general, "typing")
+    await tuan_app.until(lambda app: len([e for e in app.events if isinstance(e, Signal)]) == 2)
+    await linh_app.until(lambda app: [e for e in app.events if isinstance(e, Signal)])
+    assert [(e.user, e.name) for e in tuan_app.events if isinstance(e, Signal)] == [
+        ("linh", "typing"),
+        ("linh", "stopped"),
+    ]
+    assert [e.user for e in linh_app.events if isinstance(e, Signal)] == ["tuan"]
+    with pytest.raises(ValueError):
+        await linh.signal(general, "x" * 33)
+    with pytest.raises(ValueError):
+        await linh.signal(general, "typing", {"text": "x" * 250})
 
 
 # ── dead instances ───────────────────────────────────────────────────────────
-async def test_killing_the_readers_instance_mid_stream_loses_and_repeats_nothing(live_instances, cast):
+async def test_killing_the_readers_instance_mid_stream_loses_and_repeats_nothing(live_instances, cast, closing):
     a, b = live_instances(2, **PRESENCE)
     general = ids(cast)["general"]
-    sender = await connected(a, cast, "linh")
-    mai = await connected(a, cast, "mai")
-    reader = await connected(b, cast, "tuan")
+    sender = await closing(connected(a, cast, "linh"))
+    mai = await closing(connected(a, cast, "mai"))
+    reader = await closing(connected(b, cast, "tuan"))
     assert {"linh", "mai", "tuan"} <= reader.online
     started_with = reader.online
     app = Application(reader)
@@ -182,7 +212,9 @@ async def test_killing_the_readers_instance_mid_stream_loses_and_repeats_nothing
     await app.until(lambda app: app.disconnects())
     # While the reader is away: mai leaves (her offline is decided after the grace) and the stream goes on.
     await mai.close()
-    await asyncio.sleep(0.6)
+    await eventually(
+        lambda: ("mai", "offline") in [(line["user"], line["state"]) for line in a.events("presence.published")]
+    )
     await asyncio.to_thread(b.start)
     await asyncio.wait_for(streaming, 60)
     await app.until(lambda app: len(app.seqs(general)) >= total, timeout=30)
@@ -196,16 +228,14 @@ async def test_killing_the_readers_instance_mid_stream_loses_and_repeats_nothing
     assert truth == {"linh", "tuan"}
     await app.until(lambda app: reader.online == truth)
     assert app.presence_view(started_with) == reader.online
-    await sender.close()
-    await reader.close()
 
 
-async def test_sends_cut_off_by_their_instance_dying_land_once(live_instances, cast):
+async def test_sends_cut_off_by_their_instance_dying_land_once(live_instances, cast, closing):
     a, b = live_instances(2)
     general = ids(cast)["general"]
-    sender = await connected(a, cast, "linh")
+    sender = await closing(connected(a, cast, "linh"))
     sender_app = Application(sender)
-    watcher = await connected(b, cast, "tuan")
+    watcher = await closing(connected(b, cast, "tuan"))
     watcher_app = Application(watcher)
     total = 40
     sends = [asyncio.create_task(sender.send(general, f"m{n}")) for n in range(total)]
@@ -222,12 +252,10 @@ async def test_sends_cut_off_by_their_instance_dying_land_once(live_instances, c
     await watcher_app.until(lambda app: len(app.seqs(general)) >= total)
     assert watcher_app.seqs(general) == list(range(1, total + 1))
     assert sender_app.reconnects() == 1
-    await sender.close()
-    await watcher.close()
 
 
 # ── reconnect rules ──────────────────────────────────────────────────────────
-async def test_a_refused_token_stops_the_client_unless_the_callable_gives_a_new_one(live_instances, cast):
+async def test_a_refused_token_stops_the_client_unless_the_callable_gives_a_new_one(live_instances, cast, closing):
     (a,) = live_instances(1)
     good = await token(cast, "linh")
     with pytest.raises(Unauthorized):
@@ -249,18 +277,17 @@ async def test_a_refused_token_stops_the_client_unless_the_callable_gives_a_new_
         fresh_calls.append("called")
         return "forged" if len(fresh_calls) == 1 else good
 
-    client = Client(base(a), forged_then_good, **FAST)
+    client = closing.keep(Client(base(a), forged_then_good, **FAST))
     await asyncio.wait_for(client.connect(), 30)
     assert client.user == "linh" and len(fresh_calls) == 2
-    await client.close()
 
 
-async def test_after_a_rotation_only_a_client_whose_callable_mints_anew_comes_back(live_instances, cast):
+async def test_after_a_rotation_only_a_client_whose_callable_mints_anew_comes_back(live_instances, cast, closing):
     (a,) = live_instances(1)
     stale_token = await token(cast, "linh")
-    stale = Client(base(a), lambda: stale_token, **FAST)
+    stale = closing.keep(Client(base(a), lambda: stale_token, **FAST))
     # A sync callable: the client runs it in a thread, where it may block (here, on the database).
-    fresh = Client(base(a), lambda: cast.token("tuan"), **FAST)
+    fresh = closing.keep(Client(base(a), lambda: cast.token("tuan"), **FAST))
     await asyncio.wait_for(stale.connect(), 30)
     await asyncio.wait_for(fresh.connect(), 30)
     stale_app, fresh_app = Application(stale), Application(fresh)
@@ -276,13 +303,13 @@ async def test_after_a_rotation_only_a_client_whose_callable_mints_anew_comes_ba
     with pytest.raises(Unauthorized):
         await stale.send(ids(cast)["general"], "too late")
     assert (await fresh.send(ids(cast)["general"], "still here")).seq == 1
-    await fresh.close()
-    await stale.close()
 
 
-async def test_too_many_connections_stops_the_client_unless_the_callable_gives_a_new_token(live_instances, cast):
+async def test_too_many_connections_stops_the_client_unless_the_callable_gives_a_new_token(
+    live_instances, cast, closing
+):
     (a,) = live_instances(1, RELAY_MAX_CONNECTIONS_PER_USER="1")
-    holder = await WsClient.open(a.ws_url(await token(cast, "linh")))
+    holder = await closing(WsClient.open(a.ws_url(await token(cast, "linh"))))
     await holder.next_of("connection.ack")
     with pytest.raises(TooManyConnections):
         await asyncio.wait_for(Client(base(a), await token(cast, "linh"), **FAST).connect(), 30)
@@ -294,23 +321,22 @@ async def test_too_many_connections_stops_the_client_unless_the_callable_gives_a
         minted.append(await database_sync_to_async(cast.token)("linh", 3600 + len(minted)))
         return minted[-1]
 
-    patient = Client(base(a), mint, **FAST)
+    patient = closing.keep(Client(base(a), mint, **FAST))
     connecting = asyncio.create_task(patient.connect())
     await eventually(lambda: len(minted) >= 3)
     assert not connecting.done()
     await holder.close()
     await asyncio.wait_for(connecting, 20)
     assert patient.connected and len(set(minted)) == len(minted)
-    await patient.close()
 
 
 # ── gaps ─────────────────────────────────────────────────────────────────────
-async def test_a_seq_that_skips_is_filled_from_the_history_endpoint(live_instances, cast):
+async def test_a_seq_that_skips_is_filled_from_the_history_endpoint(live_instances, cast, closing):
     (a,) = live_instances(1)
     general = ids(cast)["general"]
-    reader = await connected(a, cast, "tuan", gap_wait=0.05)
+    reader = await closing(connected(a, cast, "tuan", gap_wait=0.05))
     app = Application(reader)
-    sender = await connected(a, cast, "linh")
+    sender = await closing(connected(a, cast, "linh"))
     await sender.send(general, "first")
     await app.until(lambda app: app.seqs(general) == [1])
     # Stored without a live frame (as when the fan-out fails): the next live one skips two seqs.
@@ -321,14 +347,12 @@ async def test_a_seq_that_skips_is_filled_from_the_history_endpoint(live_instanc
     assert [m.text for m in app.messages(general)] == ["first", "message 2", "message 3", "after the gap"]
     assert reader.cursor[general] == 4
     assert app.reconnects() == 0
-    await reader.close()
-    await sender.close()
 
 
-async def test_live_frames_out_of_order_reach_the_application_in_order_once(live_instances, cast):
+async def test_live_frames_out_of_order_reach_the_application_in_order_once(live_instances, cast, closing):
     (a,) = live_instances(1)
     general = ids(cast)["general"]
-    reader = await connected(a, cast, "tuan", gap_wait=30, cursor=dict.fromkeys(ids(cast).values(), 0))
+    reader = await closing(connected(a, cast, "tuan", gap_wait=30, cursor=dict.fromkeys(ids(cast).values(), 0)))
     app = Application(reader)
     # Stored only once the connection's resume is over, so only live frames can bring them.
     await eventually(lambda: a.events("message.resumed"))
@@ -341,23 +365,21 @@ async def test_live_frames_out_of_order_reach_the_application_in_order_once(live
     async def publish(message: dict) -> None:
         await layer.group_send(chat_group(general), {"type": "message.created", "message": message})
 
-    # As two instances may publish them: 2 first, then 1, then 1 again (a copy), then 3.
+    # As two instances may publish them: 2 first, then 1, then 1 again (a copy), then 3. One group
+    # delivers in publish order, so a 2 let through before the 1 would read [2, 1] below.
     await publish(stored[1])
-    await asyncio.sleep(0.2)
-    assert app.seqs(general) == []
     await publish(stored[0])
     await app.until(lambda app: app.seqs(general) == [1, 2])
     await publish(stored[0])
     await publish(stored[2])
     await app.until(lambda app: len(app.seqs(general)) >= 3)
     assert app.seqs(general) == [1, 2, 3]
-    await reader.close()
 
 
-async def test_the_resume_starts_after_the_highest_contiguous_seq(live_instances, cast):
+async def test_the_resume_starts_after_the_highest_contiguous_seq(live_instances, cast, closing):
     (a,) = live_instances(1)
     general = ids(cast)["general"]
-    reader = await connected(a, cast, "tuan", gap_wait=30, cursor=dict.fromkeys(ids(cast).values(), 0))
+    reader = await closing(connected(a, cast, "tuan", gap_wait=30, cursor=dict.fromkeys(ids(cast).values(), 0)))
     app = Application(reader)
     # Stored only once the connection's resume is over, so only live frames can bring them.
     await eventually(lambda: a.events("message.resumed"))
@@ -369,24 +391,29 @@ async def test_the_resume_starts_after_the_highest_contiguous_seq(live_instances
     for message in (stored[0], stored[2]):
         await layer.group_send(chat_group(general), {"type": "message.created", "message": message})
     await app.until(lambda app: app.seqs(general) == [1])
-    await asyncio.sleep(0.2)
-    assert reader.cursor[general] == 1, "seq 3 was seen but 2 was not: the position stays at 1"
 
     a.kill()
     await asyncio.to_thread(a.start)
     await app.until(lambda app: len(app.seqs(general)) == 3)
     assert app.seqs(general) == [1, 2, 3]
-    # The first connection's resume (from its cursor of zeros) sent nothing; the second sent 2 and 3.
+    # The first connection's resume (from its cursor of zeros) sent nothing; the second sent 2 and 3:
+    # seq 3 was seen but 2 was not, so the position it resumed from stayed at 1.
     await eventually(lambda: len(a.events("message.resumed")) == 2)
     assert [line["messages"] for line in a.events("message.resumed")] == [0, 2]
-    await reader.close()
 
 
 # ── agents ───────────────────────────────────────────────────────────────────
-async def test_an_agent_registers_heartbeats_comes_back_after_a_restart_and_deregisters(live_instances, cast):
+async def a_ttl_passes(silent: WsClient, instance: Instance, tenant, name: str) -> None:
+    """Register `name` on `silent`, which never beats, and wait until it is swept: a TTL and a sweep have passed."""
+    await silent.send("register", {"instance": name})
+    await silent.wait_for(lambda s: any(ack["instance"] == name for ack in s.of_type("register.ack")))
+    await eventually(lambda: name not in agents_of(instance, tenant))
+
+
+async def test_an_agent_registers_heartbeats_comes_back_after_a_restart_and_deregisters(live_instances, cast, closing):
     one, two = live_instances(2, RELAY_AGENT_TTL_MS="1500", RELAY_AGENT_SWEEP_MS="200")
-    worker = await connected(one, cast, "linh")
-    silent = await WsClient.open(two.ws_url(await token(cast, "tuan")))
+    worker = await closing(connected(one, cast, "linh"))
+    silent = await closing(WsClient.open(two.ws_url(await token(cast, "tuan"))))
     await silent.send("register", {"instance": "silent"})
     await silent.next_of("register.ack")
 
@@ -397,25 +424,23 @@ async def test_an_agent_registers_heartbeats_comes_back_after_a_restart_and_dere
         assert agent.registered_at == rows["w-1"]["registered_at"]
         # Heartbeats keep the row through several TTLs; the registration that sends none is swept.
         await eventually(lambda: "silent" not in agents_of(two, cast))
-        await asyncio.sleep(3)
+        await a_ttl_passes(silent, two, cast, "silent-2")
         assert "w-1" in await asyncio.to_thread(agents_of, two, cast)
 
         one.kill()
         await eventually(lambda: "w-1" not in agents_of(two, cast))
         await asyncio.to_thread(one.start)
         await eventually(lambda: "w-1" in agents_of(two, cast))
-        await asyncio.sleep(2)
+        await a_ttl_passes(silent, two, cast, "silent-3")
         assert "w-1" in await asyncio.to_thread(agents_of, two, cast)
 
     assert "w-1" not in await asyncio.to_thread(agents_of, two, cast)
-    await silent.close()
-    await worker.close()
 
 
-async def test_an_agent_is_refused_for_another_identity_or_an_instance_someone_else_owns(live_instances, cast):
+async def test_an_agent_is_refused_for_another_identity_or_an_instance_someone_else_owns(live_instances, cast, closing):
     (a,) = live_instances(1)
-    linh = await connected(a, cast, "linh")
-    tuan = await connected(a, cast, "tuan")
+    linh = await closing(connected(a, cast, "linh"))
+    tuan = await closing(connected(a, cast, "tuan"))
     with pytest.raises(IdentityMismatch):
         async with linh.agent("w-1", "tuan"):
             pass
@@ -426,5 +451,3 @@ async def test_an_agent_is_refused_for_another_identity_or_an_instance_someone_e
         assert refused.value.error.code == "instance_owned"
         assert agents_of(a, cast)["w-1"]["identity"] == "linh"
     assert agents_of(a, cast) == {}
-    await linh.close()
-    await tuan.close()

@@ -48,14 +48,14 @@ def fresh(environment: Environment) -> Environment:
 
 
 async def test_rotatesecret_closes_the_environments_sockets_on_every_instance_and_no_others(
-    live_instances, acme, globex
+    live_instances, acme, globex, closing
 ):
     gw0, gw1 = two_instances(live_instances)
     old_secret = acme.environment.signing_secret
     old_token = acme.token("linh")
-    linh = await connect(gw0, acme, "linh")
-    tuan = await connect(gw1, acme, "tuan")
-    zed = await connect(gw1, globex, "zed")
+    linh = await closing(connect(gw0, acme, "linh"))
+    tuan = await closing(connect(gw1, acme, "tuan"))
+    zed = await closing(connect(gw1, globex, "zed"))
 
     done = await asyncio.to_thread(rotatesecret, gw0, "acme")
     assert done.returncode == 0, done.stderr
@@ -76,18 +76,17 @@ async def test_rotatesecret_closes_the_environments_sockets_on_every_instance_an
     assert zed.close_code is None
 
     for gw in (gw0, gw1):
-        refused = await WsClient.open(gw.ws_url(old_token))
+        refused = await closing(WsClient.open(gw.ws_url(old_token)))
         assert await refused.closed(WAIT) == 4401
-        again = await connect(gw, acme, "linh")  # a token signed with the new secret
+        again = await closing(connect(gw, acme, "linh"))  # a token signed with the new secret
         assert again.of_type("connection.ack")[0]["user"] == "linh"
         await again.close()
-    await zed.close()
 
 
-async def test_the_admin_action_revokes_like_the_command(live_instances, acme, globex, staff):
+async def test_the_admin_action_revokes_like_the_command(live_instances, acme, globex, staff, closing):
     _, gw1 = two_instances(live_instances)
-    tuan = await connect(gw1, acme, "tuan")
-    zed = await connect(gw1, globex, "zed")
+    tuan = await closing(connect(gw1, acme, "tuan"))
+    zed = await closing(connect(gw1, globex, "zed"))
     response = await database_sync_to_async(staff.post)(
         "/admin/relay/environment/",
         {"action": "rotate_signing_secret", "_selected_action": [str(acme.environment.id)]},
@@ -96,14 +95,13 @@ async def test_the_admin_action_revokes_like_the_command(live_instances, acme, g
     assert await tuan.closed(WAIT) == 4401
     ack = await zed.send_and_ack(send_payload(globex.channels["board"], "still here"))
     assert ack["type"] == "message.ack"
-    await zed.close()
 
 
-async def test_a_removal_whose_notice_was_lost_still_stops_the_channels_frames(live_instances, acme):
+async def test_a_removal_whose_notice_was_lost_still_stops_the_channels_frames(live_instances, acme, closing):
     gw0, gw1 = two_instances(live_instances)
     fleet, general = acme.channels["fleet"], acme.channels["general"]
-    linh = await connect(gw1, acme, "linh")  # on the instance that hears no notice
-    tuan = await connect(gw0, acme, "tuan")
+    linh = await closing(connect(gw1, acme, "linh"))  # on the instance that hears no notice
+    tuan = await closing(connect(gw0, acme, "tuan"))
     before = (await tuan.send_and_ack(send_payload(fleet, "before")))["payload"]
     await linh.wait_for(lambda c: any(m["id"] == before["id"] for m in c.of_type("message.created")))
 
@@ -117,17 +115,15 @@ async def test_a_removal_whose_notice_was_lost_still_stops_the_channels_frames(l
     await linh.wait_for(lambda c: any(m["id"] == barrier["id"] for m in c.of_type("message.created")))
     # ... and no longer hears fleet.
     assert after["id"] not in [m["id"] for m in linh.of_type("message.created")]
-    await linh.close()
-    await tuan.close()
 
 
-async def test_a_users_versions_never_repeat_when_redis_forgets_them(live_instances, acme, redis_client):
+async def test_a_users_versions_never_repeat_when_redis_forgets_them(live_instances, acme, redis_client, closing):
     # Rounds far apart, so that the forgetting and the next change fall between two of them.
     (lossy,) = live_instances(1, **timings(ttl=6000, refresh=2000), **LOSSY)
     (hearing,) = live_instances(1, **timings())
     fleet, general = acme.channels["fleet"], acme.channels["general"]
-    linh = await connect(lossy, acme, "linh")
-    tuan = await connect(hearing, acme, "tuan")
+    linh = await closing(connect(lossy, acme, "linh"))
+    tuan = await closing(connect(hearing, acme, "tuan"))
     member = f"{hearing.http_url}/v1/channels/{fleet.id}/members/linh"
 
     assert http("DELETE", member, api_key=acme.api_key)[0] == 204
@@ -144,5 +140,3 @@ async def test_a_users_versions_never_repeat_when_redis_forgets_them(live_instan
     await linh.wait_for(lambda c: any(m["id"] == back["id"] for m in c.of_type("message.created")))
     barrier = (await tuan.send_and_ack(send_payload(general, "and general")))["payload"]
     await linh.wait_for(lambda c: any(m["id"] == barrier["id"] for m in c.of_type("message.created")))
-    await linh.close()
-    await tuan.close()

@@ -35,9 +35,9 @@ async def a_round(clock: ManualClock, seconds: float = INTERVAL) -> None:
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_lost_removal_is_repaired_at_the_next_round_and_not_before(
-    acme, reconcile_clock, lost_notices, caplog, close_presence_service
+    acme, reconcile_clock, lost_notices, caplog, close_presence_service, closing
 ):
-    linh = await Socket.open(acme.token("linh"))
+    await closing(Socket.open(acme.token("linh")))
     await a_round(reconcile_clock)  # a new connection's first round reads once
     assert events(caplog, "membership.repaired") == []
 
@@ -48,23 +48,21 @@ async def test_a_lost_removal_is_repaired_at_the_next_round_and_not_before(
     await until(lambda: events(caplog, "membership.repaired"))
     repaired = events(caplog, "membership.repaired")
     assert [(line["user"], line["added"], line["removed"]) for line in repaired] == [("linh", 0, 1)]
-    await linh.close()
 
 
 @pytest.mark.django_db(transaction=True)
 async def test_the_rounds_stop_with_the_last_connection_and_start_with_the_next(
-    acme, reconcile_clock, close_presence_service
+    acme, reconcile_clock, close_presence_service, closing
 ):
     rounds = reconcile.reconciler().rounds
     assert not rounds.armed
-    linh = await Socket.open(acme.token("linh"))
+    linh = await closing(Socket.open(acme.token("linh")))
     assert rounds.armed
     await linh.close()
     await a_round(reconcile_clock)  # the round that finds nobody left schedules no other
     assert not rounds.armed
-    tuan = await Socket.open(acme.token("tuan"))
+    await closing(Socket.open(acme.token("tuan")))
     assert rounds.armed
-    await tuan.close()
 
 
 def parameters_per_query() -> int:

@@ -82,7 +82,7 @@ def sentinel_redis() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis, list[Embedd
             server.close()
 
 
-async def test_a_sentinel_failover_loses_no_transition_message_or_user(live_instances, acme, sentinel_redis):
+async def test_a_sentinel_failover_loses_no_transition_message_or_user(live_instances, acme, sentinel_redis, closing):
     master, replica, sentinels = sentinel_redis
     # A TTL longer than the failover takes, as in production (30 s against seconds): keys
     # refreshed just before the master died outlive its absence on the promoted replica.
@@ -93,9 +93,9 @@ async def test_a_sentinel_failover_loses_no_transition_message_or_user(live_inst
         **timings(ttl=TTL, refresh=REFRESH),
     )
     await add_user(acme, "mai", ("general",))
-    linh = await connect(a, acme, "linh")
-    tuan = await connect(b, acme, "tuan")
-    mai = await connect(b, acme, "mai")
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
+    mai = await closing(connect(b, acme, "mai"))
     assert await heard(linh, "tuan", 1) == ["online"]
     assert await heard(linh, "mai", 1) == ["online"]
 
@@ -109,7 +109,7 @@ async def test_a_sentinel_failover_loses_no_transition_message_or_user(live_inst
     # watchers connected before, and messages flow both ways.
     assert await heard(linh, "mai", 2, timeout=(GRACE + MARGIN + 2 * REFRESH) / 1000 + WAIT) == ["online", "offline"]
     await add_user(acme, "kim", ("general",))
-    kim = await connect(a, acme, "kim")
+    kim = await closing(connect(a, acme, "kim"))
     assert await heard(tuan, "kim", 1) == ["online"]
     assert await heard(linh, "kim", 1) == ["online"]
     fleet = str(acme.channels["fleet"].id)
@@ -130,12 +130,12 @@ async def test_a_sentinel_failover_loses_no_transition_message_or_user(live_inst
     await close_all(linh, tuan, kim, probe)
 
 
-async def test_the_layer_subscribes_again_after_its_redis_restarts_empty(live_instances, acme):
+async def test_the_layer_subscribes_again_after_its_redis_restarts_empty(live_instances, acme, closing):
     private = EmbeddedRedis().start()
     try:
         a, b = live_instances(2, RELAY_REDIS_URL=private.url, **timings())
-        linh = await connect(a, acme, "linh")
-        tuan = await connect(b, acme, "tuan")
+        linh = await closing(connect(a, acme, "linh"))
+        tuan = await closing(connect(b, acme, "tuan"))
         assert await heard(linh, "tuan", 1) == ["online"]
         private.stop()
         private.start()  # empty: persistence is off
@@ -145,7 +145,7 @@ async def test_the_layer_subscribes_again_after_its_redis_restarts_empty(live_in
         for instance in (a, b):
             await logged(instance, "layer.reconnected")
         await add_user(acme, "kim", ("general",))
-        kim = await connect(b, acme, "kim")
+        kim = await closing(connect(b, acme, "kim"))
         assert await heard(linh, "kim", 1, timeout=WAIT) == ["online"]
         fleet = str(acme.channels["fleet"].id)
         assert (await tuan.send_and_ack({"idem_key": "k-1", "channel": fleet, "text": "after"}))["type"] == (

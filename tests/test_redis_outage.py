@@ -40,19 +40,19 @@ async def hears(client: WsClient, message: dict) -> None:
 
 
 async def test_a_process_that_starts_during_an_outage_subscribes_once_redis_returns(
-    live_instances, acme, private_redis
+    live_instances, acme, private_redis, closing
 ):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     private_redis.stop()
     (late,) = live_instances(1, RELAY_REDIS_URL=private_redis.url, **SLOW_ROUNDS)
     # linh connects while Redis is away: her instance's inbox, membership bus, rotation notices
     # and her channels' groups all fail to subscribe, and are admitted all the same.
-    linh = await WsClient.open(late.ws_url(acme.token("linh")))
+    linh = await closing(WsClient.open(late.ws_url(acme.token("linh"))))
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
     private_redis.start()
     await logged(late, "layer.reconnected")
     (other,) = live_instances(1, RELAY_REDIS_URL=private_redis.url, **SLOW_ROUNDS)
-    tuan = await connect(other, acme, "tuan")
+    tuan = await closing(connect(other, acme, "tuan"))
 
     # Her channels' groups: she hears fleet.
     await hears(linh, await tuan.send_and_ack(send_payload(fleet, "after the outage")))
@@ -76,37 +76,36 @@ async def test_a_process_that_starts_during_an_outage_subscribes_once_redis_retu
     )
     assert done.returncode == 0
     assert await linh.closed(WAIT) == 4401
-    await tuan.close()
 
 
 async def test_the_first_member_of_a_channel_to_connect_during_an_outage_hears_it_once_redis_returns(
-    live_instances, acme, private_redis
+    live_instances, acme, private_redis, closing
 ):
     await add_user(acme, "kim")
     lab = await add_channel(acme, "lab", "private", ("linh", "kim"))
     gw0, gw1 = live_instances(2, RELAY_REDIS_URL=private_redis.url, **SLOW_ROUNDS)
-    tuan = await connect(gw1, acme, "tuan")  # gw1's inbox and notices are subscribed before the outage
+    tuan = await closing(connect(gw1, acme, "tuan"))  # gw1's inbox and notices are subscribed before the outage
 
     private_redis.stop()
     # The first of lab's members on gw1: its group's SUBSCRIBE fails, and is sent again later.
-    linh = await WsClient.open(gw1.ws_url(acme.token("linh")))
+    linh = await closing(WsClient.open(gw1.ws_url(acme.token("linh"))))
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
     private_redis.start()
     await logged(gw1, "layer.reconnected")
 
-    kim = await connect(gw0, acme, "kim")
+    kim = await closing(connect(gw0, acme, "kim"))
     await hears(linh, await kim.send_and_ack(send_payload(lab, "heard on gw1")))
     await close_all(linh, tuan, kim)
 
 
 async def test_changes_made_while_redis_is_silent_answer_and_reach_the_connections(
-    live_instances, acme, globex, private_redis
+    live_instances, acme, globex, private_redis, closing
 ):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     gw0, gw1 = live_instances(2, RELAY_REDIS_URL=private_redis.url, **timings())
-    linh = await connect(gw1, acme, "linh")
-    tuan = await connect(gw0, acme, "tuan")
-    zed = await connect(gw1, globex, "zed")
+    linh = await closing(connect(gw1, acme, "linh"))
+    tuan = await closing(connect(gw0, acme, "tuan"))
+    zed = await closing(connect(gw1, globex, "zed"))
 
     private_redis.pause()
     try:
@@ -137,11 +136,11 @@ async def test_changes_made_while_redis_is_silent_answer_and_reach_the_connectio
     await close_all(linh, tuan)
 
 
-async def test_a_removal_whose_process_died_before_its_notice_still_reaches_the_member(live_instances, acme):
+async def test_a_removal_whose_process_died_before_its_notice_still_reaches_the_member(live_instances, acme, closing):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     gw0, gw1 = live_instances(2, **timings())
-    linh = await connect(gw1, acme, "linh")
-    tuan = await connect(gw0, acme, "tuan")
+    linh = await closing(connect(gw1, acme, "linh"))
+    tuan = await closing(connect(gw0, acme, "tuan"))
 
     # Committed, and the process is gone before any on-commit callback runs.
     died = await asyncio.to_thread(
@@ -178,12 +177,12 @@ with transaction.atomic():
 LAGGY = {"DJANGO_SETTINGS_MODULE": "tests.laggy_settings"}
 
 
-async def test_a_read_from_before_a_removal_does_not_bring_the_channel_back(live_instances, acme):
+async def test_a_read_from_before_a_removal_does_not_bring_the_channel_back(live_instances, acme, closing):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     (laggy,) = live_instances(1, **timings(), **LAGGY)
     (other,) = live_instances(1, **timings())
-    linh = await connect(laggy, acme, "linh")
-    tuan = await connect(other, acme, "tuan")
+    linh = await closing(connect(laggy, acme, "linh"))
+    tuan = await closing(connect(other, acme, "tuan"))
     await logged(laggy, "test.read_held")  # linh's first round read fleet, and waits
 
     status, _ = http("DELETE", f"{other.http_url}/v1/channels/{fleet.id}/members/linh", api_key=acme.api_key)
@@ -202,14 +201,14 @@ async def test_a_read_from_before_a_removal_does_not_bring_the_channel_back(live
     await close_all(linh, tuan)
 
 
-async def test_a_read_from_before_an_addition_does_not_take_the_channel_away(live_instances, acme):
+async def test_a_read_from_before_an_addition_does_not_take_the_channel_away(live_instances, acme, closing):
     general = acme.channels["general"]
     await add_channel(acme, "lab", "private", ("tuan",))
     lab = acme.channels["lab"]
     (laggy,) = live_instances(1, **timings(), **LAGGY)
     (other,) = live_instances(1, **timings())
-    linh = await connect(laggy, acme, "linh")
-    tuan = await connect(other, acme, "tuan")
+    linh = await closing(connect(laggy, acme, "linh"))
+    tuan = await closing(connect(other, acme, "tuan"))
     await logged(laggy, "test.read_held")  # linh's first round read her channels without lab, and waits
 
     status, _ = http("PUT", f"{other.http_url}/v1/channels/{lab.id}/members/linh", api_key=acme.api_key)

@@ -83,10 +83,12 @@ def created(channel_id: str, seq: int) -> dict:
 
 
 @pytest.mark.live
-async def test_a_stalled_reader_is_closed_4008_while_its_co_member_receives_every_message(live_instances, acme):
+async def test_a_stalled_reader_is_closed_4008_while_its_co_member_receives_every_message(
+    live_instances, acme, closing
+):
     (instance,) = live_instances(1, **timings(grace=GRACE, margin=MARGIN, RELAY_MAX_PENDING_BYTES=LIMIT))
     fleet = str(acme.channels["fleet"].id)
-    tuan = await connect(instance, acme, "tuan")
+    tuan = await closing(connect(instance, acme, "tuan"))
     layer = get_channel_layer()
     with stalled_client(instance, acme.token("linh")):
         assert await heard(tuan, "linh", 1) == ["online"]
@@ -115,7 +117,6 @@ async def test_a_stalled_reader_is_closed_4008_while_its_co_member_receives_ever
         offline_within = CLOSE_HANDSHAKE_S + (GRACE + MARGIN) / 1000 + WAIT
         assert await heard(tuan, "linh", 2, timeout=offline_within) == ["online", "offline"]
     await logged(instance, "connection.closed", user="linh")
-    await tuan.close()
 
 
 # ── guards on what relay/transport/pending_output.py relies on ───────────────

@@ -12,12 +12,15 @@ import pytest
 BASE_DIR = Path(__file__).resolve().parent.parent
 PACKAGES = ("relay", "presence", "chat", "agents", "overview", "web", "devtools", "bench")
 APPS = ("presence", "chat", "agents", "overview", "web", "devtools", "bench")
+# The Python client is a package of its own, under its own source root.
+CLIENT_ROOT = BASE_DIR / "clients" / "python" / "src"
 # Where the project is assembled: these name the apps by design.
 ASSEMBLY = {"relay.settings", "relay.urls", "relay.asgi"}
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(BASE_DIR).with_suffix("").parts
+    root = CLIENT_ROOT if path.is_relative_to(CLIENT_ROOT) else BASE_DIR
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -41,7 +44,8 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
 
 def import_graph() -> dict[str, set[str]]:
     """Every project module and the project modules it imports."""
-    paths = [path for package in PACKAGES for path in (BASE_DIR / package).rglob("*.py")]
+    roots = [BASE_DIR / package for package in PACKAGES] + [CLIENT_ROOT / "relay_client"]
+    paths = [path for root in roots for path in root.rglob("*.py")]
     modules = {_module_name(path) for path in paths}
     graph = {_module_name(path): _imports(path, modules) for path in paths}
     # A package's __init__ is imported on the way to each submodule: that is no arrow of its own.
@@ -61,6 +65,8 @@ def test_the_core_imports_no_app():
     assert {module: targets for module, targets in reaching_out.items() if targets} == {}
     # The walk does see imports across packages: the apps import the core.
     assert {"relay.registry", "relay.layer"} <= graph["chat.handlers"]
+    # ... and the client's modules, under their own root.
+    assert "relay_client.exceptions" in graph["relay_client.events"]
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

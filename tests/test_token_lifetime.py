@@ -75,37 +75,34 @@ def test_two_tokens_minted_in_one_second_differ(acme):
 
 
 @pytest.mark.live
-async def test_a_live_instance_refuses_over_long_and_future_tokens_with_4401(acme, live_instances):
+async def test_a_live_instance_refuses_over_long_and_future_tokens_with_4401(acme, live_instances, closing):
     (gw,) = live_instances(1, **timings())
-    linh = await connect(gw, acme, "linh")
+    linh = await closing(connect(gw, acme, "linh"))
     assert linh.of_type("connection.ack")[0]["user"] == "linh"
     for token in (
         foreign(acme, "tuan", lifetime=DAY + 1),
         foreign(acme, "tuan", lifetime=600, issued_in=CLOCK_SKEW_SECONDS + 60),
     ):
-        refused = await WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={token}")
+        refused = await closing(WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={token}"))
         assert await refused.closed(WAIT) == 4401
         assert refused.frames == []
-    tuan = await WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={foreign(acme, 'tuan', lifetime=DAY)}")
+    tuan = await closing(WsClient.open(f"ws://127.0.0.1:{gw.port}/v1/ws?token={foreign(acme, 'tuan', lifetime=DAY)}"))
     assert (await tuan.next_of("connection.ack"))["user"] == "tuan"
-    await tuan.close()
-    await linh.close()
 
 
 @pytest.mark.live
 async def test_a_token_past_its_exp_is_refused_with_4401_while_one_issued_ahead_within_the_skew_opens(
-    acme, live_instances
+    acme, live_instances, closing
 ):
     (gw,) = live_instances(1, **timings())
     # Expired a second ago: well within the skew a clock may have, and refused all the same.
     expired = foreign(acme, "linh", lifetime=60, issued_in=-61)
-    refused = await WsClient.open(gw.ws_url(expired))
+    refused = await closing(WsClient.open(gw.ws_url(expired)))
     assert await refused.closed(WAIT) == 4401
     assert refused.frames == []
     with pytest.raises(InvalidToken):
         await database_sync_to_async(verify_token)(expired)
     # The skew is for `iat`: a backend whose clock runs ahead still gets its users in.
     ahead = foreign(acme, "linh", lifetime=600, issued_in=CLOCK_SKEW_SECONDS - 5)
-    linh = await WsClient.open(gw.ws_url(ahead))
+    linh = await closing(WsClient.open(gw.ws_url(ahead)))
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
-    await linh.close()

@@ -31,7 +31,8 @@
 /** @typedef {{user: string, state: "online" | "offline"}} PresenceChanged */
 /** @typedef {{idem_key: string, id: string, channel: string, seq: number}} MessageAck */
 /** @typedef {{id: string, channel: string, seq: number, user: string, text: string, created_at: string}} MessageCreated */
-/** @typedef {{code: string, message: string, type?: string}} ErrorPayload */
+/** @typedef {{channel: string, user: string, name: string, data: Record<string, unknown>}} Signal */
+/** @typedef {{code: string, message: string, type?: string, retry_after_ms?: number}} ErrorPayload */
 /** @typedef {string | (() => string | Promise<string>)} TokenSource */
 /**
  * @typedef {object} SendRequest
@@ -47,12 +48,13 @@
  * - "presence": PresenceChanged. After a reconnect, the differences from the new snapshot come as these.
  * - "status": PresenceStatus, a co-member's (or the user's own, with `invisible`) status changed.
  * - "message": MessageCreated, each once and in seq order per channel.
- * - "relay-error": ErrorPayload, an `error` frame that answered no send.
+ * - "signal": Signal, another member's signal (e.g. "typing") in one of the user's channels; never stored.
+ * - "relay-error": ErrorPayload, an `error` frame that answered no send (a refused signal among them).
  * - "connected": ConnectionAck, the first connection (`connect()` resolves after its snapshot).
  * - "disconnected": {code: number, retryInMs: number}; `online` is the last view until "reconnected".
  * - "reconnected": ConnectionAck.
  * - "stopped": {code: number}: refused (4401, 4429) with no new token; the client will not reconnect.
- * @typedef {"presence" | "status" | "message" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
+ * @typedef {"presence" | "status" | "message" | "signal" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
  */
 
 // Past this many characters of cursor the URL would near the server's 16 KB request head: the
@@ -64,6 +66,8 @@ const REFUSALS = new Set([CLOSE_UNAUTHORIZED, CLOSE_TOO_MANY]);
 // The contract's bounds on `text`: a frame over 1 MiB is answered with a close (1009), and a
 // pending send that goes again after every reconnect would loop on it.
 export const MAX_TEXT_LENGTH = 16_384;
+export const MAX_SIGNAL_NAME_LENGTH = 32;
+export const MAX_SIGNAL_DATA_BYTES = 256;
 const HISTORY_PAGE = 500; // the endpoint's largest page
 
 // The JSON shape of each server frame this client acts on; one that does not fit is ignored whole.
@@ -76,6 +80,7 @@ const SHAPES = {
   "presence.changed": { user: "string", state: "state" },
   "message.ack": { idem_key: "string", id: "string", channel: "string", seq: "seq" },
   "message.created": { id: "string", channel: "string", seq: "seq", user: "string", text: "string", created_at: "string" },
+  signal: { channel: "string", user: "string", name: "string", data: "object" },
   error: { code: "string", message: "string", type: "string?" },
 };
 
@@ -88,8 +93,8 @@ const FITS = {
   state: (value) => value === "online" || value === "offline",
   "string|null": (value) => value === null || typeof value === "string",
   bool: (value) => typeof value === "boolean",
-  object: (value) => !!value && typeof value === "object" && !Array.isArray(value),
   "object?": (value) => value === undefined || (!!value && typeof value === "object" && !Array.isArray(value)),
+  object: (value) => value !== null && typeof value === "object" && !Array.isArray(value),
 };
 
 export const DEVICES = ["web", "mobile", "desktop", "bot"];
@@ -361,6 +366,27 @@ export class RelayClient extends EventTarget {
     return request.promise;
   }
 
+  /**
+   * Signal the channel's other members (`name`, e.g. "typing"; `data`, a small JSON object). Fire
+   * and forget: nothing answers a relayed signal, and one sent while disconnected is dropped
+   * (signals are never stored). A refusal comes as a "relay-error" of type `signal`:
+   * `not_a_member`, `rate_limited` (more than 2 a second in one channel) or `signals_disabled`.
+   * @param {string} channel
+   * @param {string} name
+   * @param {Record<string, unknown>} [data]
+   */
+  signal(channel, name, data = {}) {
+    if (name.length < 1 || name.length > MAX_SIGNAL_NAME_LENGTH) {
+      throw new RangeError(`name is 1 to ${MAX_SIGNAL_NAME_LENGTH} characters`);
+    }
+    if (new TextEncoder().encode(JSON.stringify(data)).length > MAX_SIGNAL_DATA_BYTES) {
+      throw new RangeError(`data is at most ${MAX_SIGNAL_DATA_BYTES} bytes as JSON`);
+    }
+    const socket = this.#socket;
+    if (!this.#live || !socket) return;
+    socket.send(JSON.stringify({ type: "signal", payload: { channel, name, data } }));
+  }
+
   // ── the connection loop ────────────────────────────────────────────────────
   async #open() {
     let token;
@@ -508,6 +534,7 @@ export class RelayClient extends EventTarget {
     } else if (type === "presence.result") {
       this.#settlePresence("presence.query", (request) => request.resolve(payload));
     } else if (type === "message.created") this.#accept(payload);
+    else if (type === "signal") this.#emit("signal", payload);
     else if (type === "message.ack") {
       const request = this.#pending.get(`${payload.channel} ${payload.idem_key}`);
       if (request) {

@@ -10,6 +10,10 @@ import { CLOSE_TOO_MANY, CLOSE_UNAUTHORIZED, RelayClient } from "./client.js";
 /** @typedef {{token: string, user: Member, channels: Channel[]}} Session */
 
 const SESSION_KEY = "relay.demo.session";
+// Typing: signalled at most once per TYPING_EVERY_MS per channel (the server takes 2 a second),
+// and shown for TYPING_SHOWN_MS after the last one heard, or until that person's message arrives.
+const TYPING_EVERY_MS = 1500;
+const TYPING_SHOWN_MS = 3000;
 
 const state = {
   /** @type {Session | null} */
@@ -26,6 +30,10 @@ const state = {
   lastSeen: new Map(),
   /** @type {boolean | undefined} the invisibility the toggle last showed */
   shownInvisible: undefined,
+  /** @type {Map<string, Map<string, number>>} channel id -> user id -> timer that hides their "typing" */
+  typing: new Map(),
+  /** @type {Map<string, number>} channel id -> when this page last signalled typing there */
+  typingSent: new Map(),
 };
 
 // The page reports idle after this long without input (`?idle_ms=` shortens it for a try-out).
@@ -88,6 +96,7 @@ function start(session) {
     renderOwnStatus();
   });
   client.addEventListener("message", (event) => showMessage(/** @type {CustomEvent} */ (event).detail));
+  client.addEventListener("signal", (event) => heardSignal(/** @type {CustomEvent} */ (event).detail));
   client.addEventListener("relay-error", (event) => {
     const { code, message, type } = /** @type {CustomEvent} */ (event).detail;
     showStatus("connected", `The server refused a ${type || "frame"}: ${code}: ${message}`);
@@ -201,6 +210,37 @@ async function sendMessage(channel, text) {
   }
 }
 
+/** Tell the channel's other members this user is typing, no more often than the server allows. */
+function signalTyping() {
+  const channel = state.selected;
+  if (!channel || !state.client?.connected) return;
+  const now = Date.now();
+  if (now - (state.typingSent.get(channel) ?? 0) < TYPING_EVERY_MS) return;
+  state.typingSent.set(channel, now);
+  state.client.signal(channel, "typing");
+}
+
+/** @param {import("./client.js").Signal} signal */
+function heardSignal({ channel, user, name }) {
+  if (name !== "typing") return;
+  const typists = state.typing.get(channel) ?? new Map();
+  state.typing.set(channel, typists);
+  clearTimeout(typists.get(user));
+  typists.set(user, window.setTimeout(() => stoppedTyping(channel, user), TYPING_SHOWN_MS));
+  renderTyping();
+}
+
+/**
+ * @param {string} channel
+ * @param {string} user
+ */
+function stoppedTyping(channel, user) {
+  const typists = state.typing.get(channel);
+  clearTimeout(typists?.get(user));
+  typists?.delete(user);
+  renderTyping();
+}
+
 // ── Drawing the page: data goes in through textContent only, never as HTML ───
 /** @param {string} id */
 const $ = (id) => /** @type {HTMLElement & HTMLFormElement & HTMLInputElement} */ (document.getElementById(id));
@@ -243,6 +283,7 @@ function renderChannel() {
   const channel = selectedChannel();
   $("channel-name").textContent = channel ? `#${channel.name}` : "No channels";
   $("messages").replaceChildren(...(state.messages.get(state.selected ?? "") ?? []).map(messageItem));
+  renderTyping();
   renderComposer();
   scrollToEnd();
 }
@@ -317,6 +358,7 @@ function showMessage(message) {
   const shown = state.messages.get(message.channel);
   // A channel joined after sign-in is not on this page: the demo lists the channels of its session.
   if (!shown) return;
+  stoppedTyping(message.channel, message.user);
   shown.push(message);
   if (message.channel === state.selected) {
     $("messages").append(messageItem(message));
@@ -325,6 +367,12 @@ function showMessage(message) {
     state.unread.set(message.channel, (state.unread.get(message.channel) ?? 0) + 1);
     renderChannelList();
   }
+}
+
+function renderTyping() {
+  const names = [...(state.typing.get(state.selected ?? "")?.keys() ?? [])].map(nameOf);
+  $("typing").textContent =
+    names.length === 0 ? "" : names.length === 1 ? `${names[0]} is typing…` : `${names.join(", ")} are typing…`;
 }
 
 function scrollToEnd() {
@@ -347,6 +395,7 @@ $("status-form").addEventListener("submit", (event) => {
   event.preventDefault();
   setOwnStatus(/** @type {HTMLFormElement} */ (event.target));
 });
+$("message-text").addEventListener("input", () => signalTyping());
 $("composer").addEventListener("submit", (event) => {
   event.preventDefault();
   const input = $("message-text");

@@ -12,6 +12,7 @@ from relay_client.events import (
     PresenceStatus,
     Reconnected,
     RegisterAck,
+    Signal,
 )
 from relay_client.exceptions import (
     AgentRefused,
@@ -53,6 +54,7 @@ __all__ = [
     "RegisterAck",
     "RelayError",
     "SendRefused",
+    "Signal",
     "TokenSource",
     "TooManyConnections",
     "Unauthorized",

@@ -61,6 +61,8 @@ from relay_client.events import (
     Reconnected,
     Register,
     RegisterAck,
+    Signal,
+    SignalSend,
     frame_text,
     parse_frame,
 )
@@ -88,6 +90,8 @@ REFUSALS: dict[int, type[Unauthorized] | type[TooManyConnections]] = {4401: Unau
 # The contract's bounds on `text`; checked here because a frame over 1 MiB is answered with a
 # close (1009), and a pending send that goes again after every reconnect would loop on it.
 MAX_TEXT_LENGTH = 16_384
+MAX_SIGNAL_NAME_LENGTH = 32
+MAX_SIGNAL_DATA_BYTES = 256
 # The server's RELAY_AGENT_TTL_MS default, in seconds.
 AGENT_TTL = 30.0
 # A deregister of a row the server no longer holds (swept, or removed in admin) is answered with
@@ -324,6 +328,22 @@ class Client:
         async with self._presence_lock:
             result: PresenceResult = await self._request(PresenceQuery(users=wanted), ())
         return result.users
+
+    async def signal(self, channel: str, name: str, data: Mapping[str, Any] | None = None) -> None:
+        """Signal the channel's other members (`name`, e.g. "typing"; `data`, a small JSON object).
+
+        Fire and forget: nothing answers a signal that was relayed, and one sent while the client
+        is reconnecting is dropped (signals are never stored). A refusal arrives as an `Error`
+        event of type `signal`: `not_a_member`, `rate_limited` (more than 2 a second in one
+        channel; `retry_after_ms` says when) or `signals_disabled` (a channel too large for them).
+        """
+        self._check_open()
+        if not 1 <= len(name) <= MAX_SIGNAL_NAME_LENGTH:
+            raise ValueError(f"name is 1 to {MAX_SIGNAL_NAME_LENGTH} characters")
+        payload = dict(data or {})
+        if len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_SIGNAL_DATA_BYTES:
+            raise ValueError(f"data is at most {MAX_SIGNAL_DATA_BYTES} bytes as JSON")
+        await self._send_frame(SignalSend(channel=_channel_id(channel), name=name, data=payload))
 
     def agent(
         self,
@@ -599,7 +619,9 @@ class Client:
                 self._answer(("Register", frame.instance), frame)
             case DeregisterAck():
                 self._answer(("Deregister", frame.instance), frame)
-            case Error(code="rate_limited"):
+            case Signal():
+                self._emit(frame)
+            case Error(code="rate_limited", type=None):
                 # The server names no frame here: every request in flight goes again once the wait
                 # is over (each is idempotent; one that was answered meanwhile is skipped).
                 if not self._retrying:

@@ -117,6 +117,19 @@ class Error:
     retry_after_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """Another member's signal in one of the user's channels (`name`, e.g. "typing", and its `data`).
+
+    Ephemeral: never stored and never resumed; one missed while disconnected is gone.
+    """
+
+    channel: str
+    user: str
+    name: str
+    data: dict[str, Any]
+
+
 # ── client → server ──────────────────────────────────────────────────────────
 @dataclass(frozen=True, slots=True)
 class MessageSend:
@@ -137,6 +150,13 @@ class Register:
     instance: str
     # Only the fields given: `cognition`, `family`, `host` (strings) and `weight` (a number).
     capability: dict[str, str | float]
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSend:
+    channel: str
+    name: str
+    data: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +202,7 @@ SERVER_FRAMES: dict[str, type] = {
     "message.created": MessageCreated,
     "register.ack": RegisterAck,
     "deregister.ack": DeregisterAck,
+    "signal": Signal,
     "error": Error,
 }
 CLIENT_FRAMES: dict[str, type] = {
@@ -193,6 +214,7 @@ CLIENT_FRAMES: dict[str, type] = {
     "presence.set": PresenceSet,
     "presence.activity": PresenceActivity,
     "presence.query": PresenceQuery,
+    "signal": SignalSend,
 }
 _CLIENT_TYPES = {cls: frame_type for frame_type, cls in CLIENT_FRAMES.items()}
 
@@ -207,9 +229,20 @@ ServerFrame = (
     | MessageCreated
     | RegisterAck
     | DeregisterAck
+    | Signal
     | Error
 )
-ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister | PresenceSet | PresenceActivity | PresenceQuery
+ClientFrame = (
+    MessageSend
+    | Resume
+    | Register
+    | Heartbeat
+    | Deregister
+    | SignalSend
+    | PresenceSet
+    | PresenceActivity
+    | PresenceQuery
+)
 
 
 # ── the client's own events ──────────────────────────────────────────────────
@@ -230,7 +263,9 @@ class Reconnected:
     connection_id: str
 
 
-Event = PresenceChanged | PresenceStatus | PresenceOccupancy | MessageCreated | Error | Disconnected | Reconnected
+Event = (
+    PresenceChanged | PresenceStatus | PresenceOccupancy | MessageCreated | Signal | Error | Disconnected | Reconnected
+)
 
 F = TypeVar("F", bound="DataclassInstance")
 
@@ -293,6 +328,8 @@ def _hints(cls: "type[DataclassInstance]") -> dict[str, Any]:
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a decoded JSON value has the type `hint` names (bool is not a number here, as in JSON)."""
     origin = get_origin(hint)
+    if hint is Any:
+        return True
     if hint is str:
         return isinstance(value, str)
     if hint is bool:

@@ -1,11 +1,23 @@
-"""Everything the client raises, in one place."""
+"""Everything the client raises, in one place.
 
-from __future__ import annotations
+This module imports nothing of the package: `events` raises `ProtocolError` from here, and the
+refusals below keep the `error` frame that answered (an `events.Error`) by the fields they read.
+"""
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from relay_client.events import Error
+
+class ErrorFrame(Protocol):
+    """What a refusal reads of the `error` frame that answered (`relay_client.events.Error`)."""
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def type(self) -> str | None: ...
 
 
 class RelayError(Exception):
@@ -65,7 +77,7 @@ class IdentityMismatch(RelayError):
 class FrameRefused(RelayError):
     """The server answered a request with an `error` frame (kept in `error`)."""
 
-    def __init__(self, error: Error) -> None:
+    def __init__(self, error: ErrorFrame) -> None:
         super().__init__(f"{error.code}: {error.message}")
         self.error = error
 
@@ -73,7 +85,7 @@ class FrameRefused(RelayError):
 class SendRefused(FrameRefused):
     """The server refused a `message.send`; `unavailable` may be sent again with the same `idem_key`."""
 
-    def __init__(self, error: Error, idem_key: str) -> None:
+    def __init__(self, error: ErrorFrame, idem_key: str) -> None:
         super().__init__(error)
         self.idem_key = idem_key
 
@@ -81,7 +93,7 @@ class SendRefused(FrameRefused):
 class AgentRefused(FrameRefused):
     """The server refused a `register` or `deregister` (e.g. `instance_owned`)."""
 
-    def __init__(self, error: Error, instance: str) -> None:
+    def __init__(self, error: ErrorFrame, instance: str) -> None:
         super().__init__(error)
         self.instance = instance
 

@@ -1,0 +1,91 @@
+"""Signals: ephemeral `signal` frames (typing indicators and the like) relayed to a channel's other members.
+
+A signal travels on the channel's `chat.<channel>` group, the fabric messages use, as a
+`signal.sent` event; each connection that receives it sends it on unless it belongs to the
+sender (the sender's own connections never hear their signals back). Nothing is stored and a
+resume brings none back: a signal missed while away is simply gone.
+
+Refused, with an `error` frame and nothing relayed: a channel the sender is not a member of
+(`not_a_member`), more than `SIGNALS_PER_SECOND` on one connection in one channel
+(`rate_limited`, with `retry_after_ms`), and a channel of more members than its environment's
+`signal_max_members` (`signals_disabled`: a typing indicator is noise to a crowd).
+"""
+
+import logging
+import math
+import time
+
+from channels.db import database_sync_to_async
+from django.db.models import Count
+from limits import RateLimitItemPerSecond
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
+
+from chat.handlers import chat_group
+from relay import registry
+from relay.exceptions import FrameError
+from relay.frames import ErrorPayload, Signal, SignalSend
+from relay.layer import channel_layer
+from relay.logging import log_event
+from relay.models import Channel
+from relay.registry import Connection
+
+logger = logging.getLogger(__name__)
+
+SIGNALS_PER_SECOND = RateLimitItemPerSecond(2)
+# Per process: the limit is per connection, and a connection lives on one instance.
+limiter = MovingWindowRateLimiter(MemoryStorage())
+
+
+def channel_size(channel_id: str) -> tuple[int, int]:
+    """The channel's member count and its environment's `signal_max_members`, in one query."""
+    return (
+        Channel.objects.filter(id=channel_id)
+        .annotate(member_count=Count("memberships"))
+        .values_list("member_count", "environment__signal_max_members")
+        .get()
+    )
+
+
+read_channel_size = database_sync_to_async(channel_size)
+
+registry.sends("signal", Signal, relays=True)
+
+
+@registry.frame("signal", SignalSend)
+async def signal(conn: Connection, payload: SignalSend) -> None:
+    """Relay the signal to the channel's other members, if the sender may send it now."""
+    channel_id = payload.channel
+    if channel_id not in conn.channel_ids:
+        raise FrameError("not_a_member", "you are not a member of that channel")
+    if not limiter.hit(SIGNALS_PER_SECOND, conn.connection_id, channel_id):
+        reset_at, _ = limiter.get_window_stats(SIGNALS_PER_SECOND, conn.connection_id, channel_id)
+        await conn.send_frame(
+            "error",
+            ErrorPayload(
+                code="rate_limited",
+                message=f"at most {SIGNALS_PER_SECOND.amount} signals a second in one channel; this one was dropped",
+                type="signal",
+                retry_after_ms=max(1, math.ceil((reset_at - time.time()) * 1000)),
+            ),
+        )
+        return
+    members, most = await read_channel_size(channel_id)
+    if members > most:
+        raise FrameError("signals_disabled", f"signals are off in channels of more than {most} members")
+    event = {"type": "signal.sent", "channel": channel_id, "user": conn.user_id, "name": payload.name}
+    await channel_layer().group_send(chat_group(channel_id), {**event, "data": payload.data or {}})
+
+
+@registry.event("signal.sent")
+async def signal_sent(conn: Connection, event: dict) -> None:
+    """A member signalled in one of the connection's channels: send it on, unless it is the sender's own."""
+    try:
+        frame = Signal(channel=str(event["channel"]), user=str(event["user"]), name=event["name"], data=event["data"])
+    except KeyError:
+        log_event(logger, "signal.invalid_event", logging.ERROR, connection_id=conn.connection_id)
+        return
+    # A removed member stops hearing the channel at once, even events already queued for it.
+    if frame["channel"] not in conn.channel_ids or frame["user"] == conn.user_id:
+        return
+    await conn.send_frame("signal", frame)

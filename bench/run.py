@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare, fairness, rooms
+from bench import compare, fairness, rooms, status
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -792,6 +792,15 @@ PHASES = (
         targets=rooms.TARGETS,
     ),
     Phase("fairness", fairness.run, sizes=fairness.SIZES, targets=fairness.TARGETS),
+    Phase(
+        "status",
+        lambda bench, sizes: status.phase_status(bench.world, bench.workdir, bench.mode),
+        targets={
+            "status.notify_p99_ms": ("<=", 100),
+            "status.frames_per_watcher_per_change": ("<=", 1.0),
+            "status.idle_kb_per_connection": ("<=", 40),
+        },
+    ),
 )
 
 

@@ -14,6 +14,7 @@ from django.shortcuts import render
 from agents.models import Registration
 from agents.queries import alive_since, registrations_of
 from presence.reads import online_members
+from presence.status import Status, read_devices, read_statuses
 from relay.admin import visible_environments
 from relay.models import Environment, User
 
@@ -63,6 +64,16 @@ def environment_presence(request: HttpRequest, environment_id: str) -> HttpRespo
     online = online_members()
     online_ids = None if online is None else online.get(str(environment.id), [])
     users = list(User.objects.filter(environment=environment, external_id__in=online_ids or []).order_by("external_id"))
+    statuses = read_statuses(str(environment.id), [user.external_id for user in users])
+    # The truth, invisible users included: staff see what the backend sees.
+    online_rows = [
+        (
+            user,
+            statuses.get(user.external_id, Status()).effective(),
+            read_devices(str(environment.id), user.external_id) or [],
+        )
+        for user in users
+    ]
     cutoff = alive_since()
     registrations = [(row, row.last_seen >= cutoff) for row in registrations_of(environment)]
     context = {
@@ -71,6 +82,7 @@ def environment_presence(request: HttpRequest, environment_id: str) -> HttpRespo
         "environment": environment,
         "online_unavailable": online is None,
         "online_users": users,
+        "online_rows": online_rows,
         "registrations": registrations,
         "agents_alive": sum(alive for _, alive in registrations),
     }

@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
-from presence.queries import channel_ids_of_member
+from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen
 from presence.scripts import member, split_member
 from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
 from relay import close_codes, metrics
@@ -68,6 +68,9 @@ class Held:
     # A close found only connections still being admitted here and so did not re-pin: if none
     # of them is let in (4429), the refusal does the last close's re-pin and grace check.
     close_owed: bool = False
+    # Invisible as this instance last knew (a re-election after Redis lost the key announces
+    # `online` only to the user's own connections then).
+    invisible: bool = False
 
     def admitted(self) -> list[str]:
         """The ids of the connections whose election has been answered."""
@@ -87,10 +90,20 @@ class Owed:
     transition_id: str
 
 
-def _group_sends(user_id: str, state: State, channels: Sequence[str], transition_id: str) -> list[tuple[str, dict]]:
-    """One transition as a message for the group of each of `channels`."""
+def _group_sends(
+    user_id: str, state: State, channels: Sequence[str], transition_id: str, hidden: bool = False
+) -> list[tuple[str, dict]]:
+    """One transition as a message for the group of each of `channels`.
+
+    `hidden`: the user is invisible, so only their own connections hear it (docs/contract.md,
+    Rich presence): others were told `offline` when they turned invisible.
+    """
+    audience = [user_id] if hidden else None
     return [
-        (group_name(channel_id), transition_message(user_id, state, transition_id, channel_id, copies=len(channels)))
+        (
+            group_name(channel_id),
+            transition_message(user_id, state, transition_id, channel_id, copies=len(channels), audience=audience),
+        )
         for channel_id in channels
     ]
 
@@ -111,6 +124,11 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
 # Not in the thread every other database call shares (thread_sensitive): a write stuck there
 # (a message.send behind a locked database) would hold up every `offline` of the instance.
 read_channel_ids = database_sync_to_async(channel_ids_of_member, thread_sensitive=False)
+read_invisible = database_sync_to_async(is_invisible, thread_sensitive=False)
+write_last_seen = database_sync_to_async(mark_last_seen, thread_sensitive=False)
+
+# Where a connection keeps whether its user was invisible when it connected (presence/status.py).
+INVISIBLE_KEY = "presence.invisible"
 
 
 class PresenceService:
@@ -155,19 +173,26 @@ class PresenceService:
         # does not take this user for gone from this instance.
         held = self.held.setdefault(subject, Held())
         held.connections[conn.connection_id] = conn.channel_ids
+        held.invisible = bool(conn.state.get(INVISIBLE_KEY))
         self._ensure_ticker()
         channels = sorted(conn.channel_ids)
         transition_id = str(uuid.uuid4())
         # Prepared whether or not this connection wins: Redis publishes them in the election's own
         # round trip when it does (when the layer's groups live on the presence Redis).
-        publish = self._script_publishes("online", conn.user_id, channels, transition_id)
+        publish = self._script_publishes("online", conn.user_id, channels, transition_id, held.invisible)
         # A refresh meanwhile must not take this connection for one already elected: landing
         # first, it would re-create a missing key ("vanished") and this election would then find
         # the user online and publish nothing.
         held.admitting.add(conn.connection_id)
         try:
             election = await self.store.elect(
-                conn.environment_id, conn.user_id, conn.connection_id, watch, publish or (), channels, large
+                conn.environment_id,
+                conn.user_id,
+                conn.connection_id,
+                watch,
+                publish or (),
+                channels,
+                large,
             )
         finally:
             held.admitting.discard(conn.connection_id)
@@ -190,7 +215,9 @@ class PresenceService:
             self._owed.pop(subject, None)
             _published(conn.environment_id, conn.user_id, "online", len(channels))
         else:
-            await self.publish(conn.environment_id, conn.user_id, "online", channels, transition_id)
+            await self.publish(
+                conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
+            )
         return election.online, election.occupancy
 
     async def disconnect(self, conn: Connection) -> None:
@@ -227,6 +254,9 @@ class PresenceService:
             if epoch is None:
                 pinned += self.timings.refresh + self.timings.margin
             await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, pinned)
+            # Written at the close rather than at the decision: the last close anywhere is the
+            # last write, and a watcher that asks right after hearing `offline` finds it.
+            self.spawn(self._last_seen([subject], time.time()))
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -258,8 +288,11 @@ class PresenceService:
         self.pending.pop(subject, None)
         if self.closed:
             return
-        # Tracked so a shutdown can cancel a check that is already talking to Redis.
-        task = asyncio.ensure_future(work())
+        self.spawn(work())
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        """Run `work` as a task of this service: a shutdown cancels it."""
+        task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -270,12 +303,14 @@ class PresenceService:
         # them leave; one they were removed from must not.
         try:
             ordered = sorted(await read_channel_ids(environment_id, user_id))
+            # An invisible user's watchers heard `offline` when they turned invisible.
+            hidden = await read_invisible(environment_id, user_id)
         except Exception as error:
             record_failure("grace_check:channels", error)
             self._check_again(subject, epoch, last_seen_ms)
             return
         transition_id = str(uuid.uuid4())
-        publish = self._script_publishes("offline", user_id, ordered, transition_id)
+        publish = self._script_publishes("offline", user_id, ordered, transition_id, hidden)
         reply = await self.store.grace_check(environment_id, user_id, epoch, publish or (), ordered, last_seen_ms)
         if reply is None:
             # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
@@ -295,7 +330,7 @@ class PresenceService:
             self._owed.pop(subject, None)
             _published(environment_id, user_id, "offline", len(ordered), last_seen_ms)
         elif outcome == 1:
-            await self.publish(environment_id, user_id, "offline", ordered, transition_id, last_seen_ms)
+            await self.publish(environment_id, user_id, "offline", ordered, transition_id, last_seen_ms, hidden)
         if outcome == 1:
             await self.store.channels_gone([(user_id, ordered)], decided_ms)
         elif outcome == 2:
@@ -305,6 +340,13 @@ class PresenceService:
         """Run the grace check again one refresh interval on, unless a newer close armed its own."""
         if subject not in self.pending and subject not in self.held and not self.closed:
             self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin, last_seen_ms)
+
+    async def _last_seen(self, subjects: list[Subject], closed_at: float) -> None:
+        """Keep when these users were last seen (durable: docs/contract.md, Rich presence)."""
+        try:
+            await write_last_seen(subjects, closed_at)
+        except Exception as error:
+            record_failure("last_seen", error)
 
     def next_answer(self) -> asyncio.Future:
         """Resolved when a refresh next gets Redis's answer (what a failed snapshot's repair waits for)."""
@@ -368,7 +410,7 @@ class PresenceService:
             # If an `offline` went out meanwhile (the marker stood) or this user was never
             # announced (Redis was down at connect), watchers must hear `online` to converge.
             if (had_marker or not held.confirmed) and not self.closed:
-                await self.publish(*subject, "online", held.channels())
+                await self.publish(*subject, "online", held.channels(), hidden=held.invisible)
                 await self.store.write_event(*subject, "online", held.channels())
         for _, held, _, _ in snapshot.values():
             held.confirmed = True
@@ -383,15 +425,22 @@ class PresenceService:
             unpublished = []
             # The channels' online sets need nothing here: a reaped user's entries were last
             # renewed a TTL + grace ago, so they have expired already.
+            departed: list[Subject] = []
             for name, won, channels in reaped.decided:
                 subject = split_member(name)
                 if not won:
                     suppressed(subject[1], "offline", ANOTHER_PUBLISHED)
-                elif prefix is not None:
+                    continue
+                departed.append(subject)
+                if prefix is not None:
                     self._owed.pop(subject, None)
                     _published(*subject, "offline", len(channels))
                 else:
                     unpublished.append((subject, Owed("offline", channels, str(uuid.uuid4()))))
+            if departed:
+                # Their holder died silently: the deadline passed just now, so "last seen" is about
+                # now. Written beside the reaping, never in its way.
+                self.spawn(self._last_seen(departed, time.time()))
             await self._publish_in_turn(unpublished)
             if reaped.due < REAP_BATCH:
                 return
@@ -446,6 +495,7 @@ class PresenceService:
         channel_ids: Iterable[str],
         transition_id: str | None = None,
         last_seen_ms: int | None = None,
+        hidden: bool = False,
     ) -> bool:
         """Send one transition, its id minted once, to the group of each of the user's channels.
 
@@ -460,7 +510,7 @@ class PresenceService:
         transition_id = transition_id or str(uuid.uuid4())
         # This is now the user's newest transition here: an older one owed is superseded.
         self._owed.pop(subject, None)
-        sends = _group_sends(user_id, state, channels, transition_id)
+        sends = _group_sends(user_id, state, channels, transition_id, hidden)
         try:
             # One pipelined round trip for all of the user's channels.
             await channel_layer().group_send_many(sends)
@@ -472,7 +522,7 @@ class PresenceService:
         return True
 
     def _script_publishes(
-        self, state: State, user_id: str, channels: Sequence[str], transition_id: str
+        self, state: State, user_id: str, channels: Sequence[str], transition_id: str, hidden: bool = False
     ) -> list[tuple[str, bytes]] | None:
         """The transition as PUBLISHes for a presence script to send, or None when it cannot.
 
@@ -482,7 +532,9 @@ class PresenceService:
         """
         if self.closed:
             return None  # `publish` then declines too: nothing goes out after a shutdown began
-        return channel_layer().publications(_group_sends(user_id, state, channels, transition_id), self.store.url)
+        return channel_layer().publications(
+            _group_sends(user_id, state, channels, transition_id, hidden), self.store.url
+        )
 
     # ── shutdown ─────────────────────────────────────────────────────────────
     def stop(self) -> None:

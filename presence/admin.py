@@ -1,4 +1,4 @@
-"""Admin: the User list shows who is online now (a dot and a filter), read from Redis.
+"""Admin: the User list shows who is online now (a dot and a filter), read from Redis; user statuses.
 
 `relay.admin.UserAdmin` is replaced by a subclass here so that `relay` never imports
 `presence`. The page's flags come from one MGET for the page's users; the filter asks one
@@ -11,8 +11,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from presence.models import UserStatus
 from presence.reads import users_online
-from relay.admin import UserAdmin
+from presence.status import forget_cached
+from relay.admin import TenantScopedAdmin, UserAdmin
 from relay.models import User
 
 ONLINE_ATTR = "_online_now"
@@ -69,3 +71,30 @@ class PresenceUserAdmin(UserAdmin):
             return format_html('<span class="presence-unknown" title="{}">?</span>', "presence store unavailable")
         state, colour, label = ("online", "#2e7d32", "online now") if online else ("offline", "#9e9e9e", "offline")
         return format_html('<span class="presence-{}" title="{}" style="color: {}">●</span>', state, label, colour)
+
+
+@admin.register(UserStatus)
+class UserStatusAdmin(TenantScopedAdmin):
+    """Each user's chosen status, scoped to the staff's environments like every tenant's data."""
+
+    environment_path = "user__environment"
+    environment_field = None
+    list_display = ("user", "environment", "status", "text", "emoji", "until", "invisible", "last_seen_at")
+    list_filter = ("status", "invisible")
+    search_fields = ("user__external_id", "text")
+    readonly_fields = ("last_seen_at", "updated_at")
+    list_select_related = ("user__environment",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: UserStatus | None = None) -> tuple:
+        # A status belongs to one user for good.
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return (*fields, "user") if obj is not None else fields
+
+    @admin.display(description="environment", ordering="user__environment__name")
+    def environment(self, row: UserStatus) -> str:
+        return row.user.environment.name
+
+    def save_model(self, request: HttpRequest, obj: UserStatus, form: object, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        # The Redis copy is dropped; the next read (a snapshot, a query) takes the table's.
+        forget_cached(str(obj.user.environment_id), obj.user.external_id)

@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 
 from presence.fabric import group_name, transition_message
-from presence.queries import large_channel_ids
+from presence.queries import is_invisible, large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
 from presence.scripts import ANNOUNCE, CHANNEL_SEEN, CHANNEL_UNSEEN, channel_online_key, presence_key
 from presence.store import record_failure
@@ -44,6 +44,8 @@ def member_added(
     """`membership.member_added` receiver: put the user in the channel's online set if online,
     and announce their `online` to those it is news to."""
     channel_id = str(channel.id)
+    if is_invisible(str(channel.environment_id), user.external_id):
+        return  # they look offline to the channel's members
     join_online_set(str(channel.environment_id), user.external_id, channel_id)
     if large_channel_ids([channel_id]):
         # Counted, not named: the instances' next recheck sends the channel's new count.

@@ -6,9 +6,10 @@ class PresenceConfig(AppConfig):
     verbose_name = "Presence"
 
     def ready(self) -> None:
-        from presence import announce, extension, shutdown
+        from presence import announce, extension, handlers, shutdown
         from relay import membership, registry
 
+        registry.extension(handlers.RichPresence())
         registry.extension(extension.PresenceExtension())
         membership.member_added.connect(announce.member_added, dispatch_uid="presence.announce")
         shutdown.install()

@@ -25,11 +25,11 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from presence import actions
-from presence.fabric import GROUP_PREFIX, Dedup, Transition, parse_transition, subject_of
+from presence.fabric import GROUP_PREFIX, Dedup, StatusChange, Transition, parse_fabric, subject_of
 from presence.queries import large_channel_ids
 from relay import metrics
 from relay.clock import LoopClock, Periodic
-from relay.frames import PresenceChanged, PresenceOccupancy
+from relay.frames import PresenceChanged, PresenceOccupancy, PresenceStatus
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
 from relay.loops import PerLoop
@@ -53,8 +53,11 @@ read_large_channel_ids = database_sync_to_async(large_channel_ids, thread_sensit
 STATE_KEY = "presence"
 
 
-async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | None]) -> None:
-    """Deliver one transition (`message`; `parsed()` validates it) to a connection at most once, as `{user, state}`."""
+async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | StatusChange | None]) -> None:
+    """Deliver one transition (`message`; `parsed()` validates it) to a connection at most once, as `{user, state}`.
+
+    A status change goes the same way, as `presence.status`.
+    """
     dedup: Dedup | None = conn.state.get(STATE_KEY)
     if dedup is None:
         return
@@ -66,6 +69,9 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
             metrics.PRESENCE_INVALID_PAYLOADS.inc()
             log_event(logger, Event.PRESENCE_INVALID_PAYLOAD, logging.ERROR, subject=subject_of(message))
         return
+    if isinstance(transition, StatusChange):
+        await _deliver_status(conn, transition, dedup)
+        return
     if transition.channel in fanout().large:
         return  # counted, not told: the fan-out sends the channel's occupancy
     # A copy queued before a membership removal must not slip through after it.
@@ -73,10 +79,36 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
         return
     if transition.audience is not None and conn.user_id not in transition.audience:
         return
+    if transition.skip is not None and transition.skip == conn.user_id:
+        return
     if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
     await conn.send_frame("presence.changed", PresenceChanged(user=transition.user, state=transition.state))
+
+
+async def _deliver_status(conn: Connection, change: StatusChange, dedup: Dedup) -> None:
+    own = change.user == conn.user_id
+    if own:
+        # The user's own connections take the copy of the user's group, the one with `invisible`.
+        if change.channel is not None:
+            return
+    elif change.channel is None or change.channel not in conn.channel_ids:
+        return
+    elif not change.single and not dedup.claim(change.change):
+        metrics.PRESENCE_DEDUP_DROPS.inc()
+        return
+    frame = PresenceStatus(
+        user=change.user,
+        status=change.status,
+        text=change.text,
+        emoji=change.emoji,
+        until=change.until or None,
+        idle=change.idle,
+    )
+    if own:
+        frame["invisible"] = change.invisible
+    await conn.send_frame("presence.status", frame)
 
 
 class Fanout:
@@ -145,8 +177,8 @@ class Fanout:
     async def deliver(self, message: dict, members: tuple[str, ...]) -> None:
         """Write one transition to each member, or queue it behind what the member has queued."""
         # Validated once, when a member first needs it.
-        transition = functools.cache(functools.partial(parse_transition, message))
-        if self.large and (parsed := transition()) is not None and parsed.channel in self.large:
+        transition = functools.cache(functools.partial(parse_fabric, message))
+        if self.large and isinstance(parsed := transition(), Transition) and parsed.channel in self.large:
             # O(1) per transition whatever the channel's size: a count, sent at most once a second.
             self.occupancy_changed(parsed.channel)
             return

@@ -4,9 +4,9 @@ import asyncio
 import functools
 from collections.abc import Sequence
 
-from presence import actions, delivery, reads
+from presence import actions, delivery, handlers, reads
 from presence.delivery import STATE_KEY
-from presence.fabric import TRANSITION, Dedup, group_name, parse_transition
+from presence.fabric import STATUS_CHANGE, TRANSITION, Dedup, group_name, parse_fabric, parse_transition
 from presence.queries import large_channel_ids
 from relay import registry
 from relay.frames import PresenceChanged, PresenceOccupancy, PresenceSnapshot
@@ -70,10 +70,12 @@ class PresenceExtension(registry.Extension):
         else:
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
-        snapshot = PresenceSnapshot(online=online or [])
+        online, statuses = await handlers.snapshot_status(conn, online or [])
+        snapshot = PresenceSnapshot(online=online, status=statuses)
         if occupancy:
             snapshot["occupancy"] = occupancy
         await conn.send_frame("presence.snapshot", snapshot)
+        await handlers.after_snapshot(conn, statuses)
         # Last: a transition written straight to the socket must come after the snapshot.
         delivery.fanout().live(conn)
         if online is None:
@@ -119,6 +121,12 @@ async def presence_transition(conn: Connection, message: dict) -> None:
     """A transition queued for this connection (behind what the connection had queued, or before
     it was live): delivered as `Fanout` delivers the others."""
     await delivery.deliver(conn, message, functools.partial(parse_transition, message))
+
+
+@registry.event(STATUS_CHANGE)
+async def presence_status_change(conn: Connection, message: dict) -> None:
+    """A status change queued for this connection: delivered as `Fanout` delivers the others."""
+    await delivery.deliver(conn, message, functools.partial(parse_fabric, message))
 
 
 def _owe_repair(conn: Connection) -> None:

@@ -12,9 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationError
 
-from relay.frames import ChannelId, Identifier, StrictModel
+from relay.frames import MAX_STATUS_EMOJI, MAX_STATUS_TEXT, ChannelId, Identifier, StatusName, StrictModel
 
 TRANSITION = "presence.transition"
+STATUS_CHANGE = "presence.status_change"
 UNKNOWN_GROUP = "presence.unknown"
 # Every copy of one transition arrives within milliseconds of the others, so a connection only
 # needs the ids of its most recent transitions; 256 bounds the memory of a busy watcher.
@@ -54,6 +55,9 @@ class Transition(StrictModel):
     # Whom it is for, when not every watcher of the channel: the announcement of a member just
     # added goes only to those who could not see them before (`presence.announce`).
     audience: list[Identifier] | None = None
+    # Whom it is not for: an invisible user's own connections are not told they went offline
+    # (presence/status.py), while everyone else is.
+    skip: Identifier | None = None
 
     @property
     def single(self) -> bool:
@@ -68,6 +72,7 @@ def transition_message(
     channel_id: str,
     copies: int | None = None,
     audience: list[str] | None = None,
+    skip: str | None = None,
 ) -> dict:
     """The group message for one channel's copy of a transition (`copies`: of how many)."""
     message = {"type": TRANSITION, "user": user_id, "state": state, "transition": transition_id, "channel": channel_id}
@@ -75,7 +80,46 @@ def transition_message(
         message["copies"] = copies
     if audience is not None:
         message["audience"] = audience
+    if skip is not None:
+        message["skip"] = skip
     return message
+
+
+class StatusChange(StrictModel):
+    """A user's status as it crosses the channel layer (presence/status.py).
+
+    The copies with a `channel` are for the watchers of that channel and are deduplicated by
+    `change` like a transition; the copy without one went to the user's own group and carries
+    `invisible` for their own connections.
+    """
+
+    type: Literal["presence.status_change"]
+    user: Identifier
+    status: StatusName
+    text: Annotated[str, Field(max_length=MAX_STATUS_TEXT)]
+    emoji: Annotated[str, Field(max_length=MAX_STATUS_EMOJI)]
+    # "" for none: the fabric's models refuse nulls.
+    until: Annotated[str, Field(max_length=64)]
+    idle: bool
+    invisible: bool
+    change: Annotated[str, AfterValidator(_uuid)]
+    channel: ChannelId | None = None
+    copies: Annotated[int, Field(ge=1)] | None = None
+
+    @property
+    def single(self) -> bool:
+        """True when this is the only copy for watchers anywhere."""
+        return self.copies == 1
+
+
+def parse_fabric(message: dict) -> Transition | StatusChange | None:
+    """A presence group message of either kind, validated (None when it is neither)."""
+    if message.get("type") == STATUS_CHANGE:
+        try:
+            return StatusChange.model_validate(message)
+        except ValidationError:
+            return None
+    return parse_transition(message)
 
 
 def parse_transition(message: dict) -> Transition | None:

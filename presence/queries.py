@@ -6,9 +6,11 @@ connects at once (the connects' shared database hop, `PresenceExtension.load`), 
 
 import uuid
 from collections.abc import Collection
+from datetime import UTC, datetime
 
 from django.db import connection
 
+from presence.models import UserStatus
 from relay.models import Channel, Environment, Membership, User
 from relay.queries import db_uuid, placeholders, uuid_text
 
@@ -102,3 +104,41 @@ def large_channel_ids(channel_ids: Collection[str]) -> set[str]:
     with connection.cursor() as cursor:
         cursor.execute(sql, [db_uuid(channel_id, cursor.db) for channel_id in channel_ids])
         return {uuid_text(channel_id) for (channel_id,) in cursor.fetchall()}
+
+
+def is_invisible(environment_id: str, external_id: str) -> bool:
+    """Whether the user chose to be invisible (the table is the truth; Redis holds a copy)."""
+    return UserStatus.objects.filter(
+        user__environment_id=environment_id, user__external_id=external_id, invisible=True
+    ).exists()
+
+
+def invisible_users(environment_id: str, external_ids: Collection[str]) -> set[str]:
+    """Which of the environment's `external_ids` are invisible (they read as offline to others)."""
+    if not external_ids:
+        return set()
+    return set(
+        UserStatus.objects.filter(
+            user__environment_id=environment_id, user__external_id__in=list(external_ids), invisible=True
+        ).values_list("user__external_id", flat=True)
+    )
+
+
+def mark_last_seen(subjects: Collection[tuple[str, str]], at: float) -> None:
+    """Record that each (environment id, user id) was last seen at `at` (unix seconds).
+
+    Not for invisible users: what others may be told is when they turned invisible, kept then.
+    """
+    when = datetime.fromtimestamp(at, tz=UTC)
+    by_environment: dict[str, list[str]] = {}
+    for environment_id, user_id in subjects:
+        by_environment.setdefault(environment_id, []).append(user_id)
+    for environment_id, user_ids in by_environment.items():
+        users = list(
+            User.objects.filter(environment_id=environment_id, external_id__in=user_ids).values_list("pk", flat=True)
+        )
+        UserStatus.objects.filter(user_id__in=users, invisible=False).update(last_seen_at=when)
+        existing = set(UserStatus.objects.filter(user_id__in=users).values_list("user_id", flat=True))
+        UserStatus.objects.bulk_create(
+            [UserStatus(user_id=pk, last_seen_at=when) for pk in users if pk not in existing], ignore_conflicts=True
+        )

@@ -15,7 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from presence import actions
-from presence.queries import co_member_external_ids, co_members_in, members_of_channels
+from presence.queries import co_member_external_ids, co_members_in, invisible_users, members_of_channels
 from presence.scripts import presence_key
 from presence.store import as_text, client_options, record_failure
 from relay import metrics, redis_clients
@@ -39,6 +39,7 @@ def co_member_ids_of(requests: Sequence[tuple[str, str, Collection[str]]]) -> li
 
 
 co_members = database_sync_to_async(co_member_ids)
+invisible_among = database_sync_to_async(invisible_users, thread_sensitive=False)
 
 
 def newly_visible_ids(
@@ -98,8 +99,10 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> bool:
     others = set(conn.channel_ids) - {channel_id}
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
     online = await actions.service().store.online(conn.environment_id, candidates)
+    hidden = await invisible_among(conn.environment_id, online or [])
     for user_id in online or ():
-        await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+        if user_id not in hidden:
+            await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
     return online is not None
 
 

@@ -85,7 +85,16 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Environment)
 class EnvironmentAdmin(admin.ModelAdmin):
-    list_display = ("name", "id", "user_count", "channel_count", "secret_rotated_at", "created_at")
+    list_display = (
+        "name",
+        "id",
+        "user_count",
+        "channel_count",
+        "allow_invisible",
+        "share_last_seen",
+        "secret_rotated_at",
+        "created_at",
+    )
     search_fields = ("name", "id")
     readonly_fields = ("id", "secret_rotated_at", "created_at")
     exclude = ("signing_secret",)

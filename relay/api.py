@@ -344,3 +344,56 @@ def tokens(request: HttpRequest) -> HttpResponse:
     user = get_user(request.environment, body.user)
     token, expires_at = mint_token(request.environment, user.external_id, body.ttl_seconds)
     return JsonResponse(TokenOut(token=token, expires_at=expires_at.isoformat()), status=201)
+
+
+# ── the environment's presence settings ──────────────────────────────────────
+# A member count no channel can exceed: the settings only compare against real rooms.
+MAX_MEMBERS_SETTING = 1_000_000
+MemberCount = Annotated[int, Field(ge=1, le=MAX_MEMBERS_SETTING)]
+
+
+class SettingsBody(StrictModel):
+    """PATCH /v1/settings: any subset of the environment's presence settings."""
+
+    allow_invisible: bool | None = None
+    share_last_seen: bool | None = None
+    large_room_members: MemberCount | None = None
+    signal_max_members: MemberCount | None = None
+
+
+@with_config(ConfigDict(extra="forbid"))
+class SettingsOut(TypedDict):
+    allow_invisible: bool
+    share_last_seen: bool
+    large_room_members: int
+    signal_max_members: int
+
+
+SETTINGS_FIELDS = tuple(SettingsOut.__annotations__)
+
+
+def settings_json(environment: Environment) -> SettingsOut:
+    return SettingsOut(**{name: getattr(environment, name) for name in SETTINGS_FIELDS})
+
+
+@endpoint("GET", "PATCH")
+@documented(
+    GET=Operation("The environment's presence settings", {200: SettingsOut}, tags=("settings",)),
+    PATCH=Operation(
+        "Change some of the environment's presence settings", {200: SettingsOut}, body=SettingsBody, tags=("settings",)
+    ),
+)
+def environment_settings(request: HttpRequest) -> HttpResponse:
+    """GET the environment's settings; PATCH changes the fields given (400 `invalid_request` for a bad value)."""
+    environment = request.environment
+    if request.method == "PATCH":
+        try:
+            body = parse_body(request, SettingsBody)
+        except ApiError as error:
+            raise ApiError(400, "invalid_request", error.message) from None
+        changed = {name: getattr(body, name) for name in body.model_fields_set}
+        if changed:
+            Environment.objects.filter(pk=environment.pk).update(**changed)
+            for name, value in changed.items():
+                setattr(environment, name, value)
+    return JsonResponse(settings_json(environment))

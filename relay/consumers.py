@@ -208,7 +208,9 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             route, frame_type, payload = self._read(text_data)
             await route.handler(self, payload)
         except FrameError as error:
-            await self.send_error(error.code, error.message, error.frame_type or frame_type)
+            await self.send_error(
+                error.code, error.message, error.frame_type or frame_type, retry_after_ms=error.retry_after_ms
+            )
         except Exception as error:
             # One line, by type only: an exception's text may quote what the client sent. The
             # traceback, which may too, only where DEBUG is on.

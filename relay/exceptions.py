@@ -17,11 +17,15 @@ class ConnectionRefused(Exception):
 class FrameError(Exception):
     """A client frame is refused; answered with an `error` frame (naming `frame_type` if known) and the socket kept."""
 
-    def __init__(self, code: str, message: str, frame_type: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, frame_type: str | None = None, retry_after_ms: int | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.frame_type = frame_type
+        # With `rate_limited`: when the next such frame would be taken.
+        self.retry_after_ms = retry_after_ms
 
 
 class ApiError(Exception):

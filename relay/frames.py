@@ -9,6 +9,7 @@ through `relay.registry`; this module only says what a well-formed payload is.
 """
 
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, NotRequired
 
 import orjson
@@ -179,6 +180,96 @@ class Deregister(StrictModel):
     instance: Identifier
 
 
+# ── rich presence (docs/contract.md, Rich presence) ─────────────────────────
+MAX_STATUS_TEXT = 140
+MAX_STATUS_EMOJI = 32
+MAX_QUERY_USERS = 100
+
+StatusName = Literal["available", "away", "busy", "dnd"]
+DeviceKind = Literal["web", "mobile", "desktop", "bot"]
+
+
+def _printable(max_length: int) -> Any:
+    # "" is allowed: it clears the field.
+    return Annotated[
+        str,
+        Field(max_length=max_length, json_schema_extra={"pattern": NO_CONTROL_CHARACTERS}),
+        AfterValidator(_no_control_characters),
+    ]
+
+
+def parse_instant(value: str) -> datetime:
+    """An ISO-8601 instant with a UTC offset (a naive time would depend on the server's zone)."""
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an ISO-8601 time") from None
+    if instant.tzinfo is None:
+        raise ValueError("must carry a UTC offset (Z or +hh:mm)")
+    return instant.astimezone(UTC)
+
+
+def format_instant(instant: datetime | None) -> str | None:
+    """An instant as the wire carries it: ISO-8601 in UTC with milliseconds, or None."""
+    if instant is None:
+        return None
+    return instant.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _future_instant(value: str) -> str:
+    instant = parse_instant(value)
+    if instant <= datetime.now(UTC):
+        raise ValueError("must be in the future")
+    return format_instant(instant)
+
+
+FutureInstant = Annotated[
+    str, Field(max_length=64, json_schema_extra={"format": "date-time"}), AfterValidator(_future_instant)
+]
+
+
+def _until_may_be_null(schema: dict[str, Any]) -> None:
+    _omitted_not_null(schema)
+    until = schema["properties"]["until"]
+    schema["properties"]["until"] = {"anyOf": [until, {"type": "null"}]}
+
+
+class PresenceSet(StrictModel):
+    """`presence.set` and the body of PUT /v1/users/<id>/status: at least one field; `until` may be null."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, json_schema_extra=_until_may_be_null)
+
+    status: StatusName | None = None
+    text: _printable(MAX_STATUS_TEXT) | None = None
+    emoji: _printable(MAX_STATUS_EMOJI) | None = None
+    # null clears the expiry; omitted leaves it as it is (`model_fields_set` tells them apart).
+    until: FutureInstant | None = None
+    invisible: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if value is None and key != "until":
+                    raise ValueError(f"{key} must not be null")
+        return data
+
+    @model_validator(mode="after")
+    def _something(self) -> "PresenceSet":
+        if not self.model_fields_set:
+            raise ValueError("give at least one of status, text, emoji, until, invisible")
+        return self
+
+
+class PresenceActivity(StrictModel):
+    idle: bool
+
+
+class PresenceQuery(StrictModel):
+    users: Annotated[list[Identifier], Field(min_length=1, max_length=MAX_QUERY_USERS)]
+
+
 # ── server → client ──────────────────────────────────────────────────────────
 # Exactly the fields the server sends (a frame with another field is a bug the frame tests catch).
 @with_config(ConfigDict(extra="forbid"))
@@ -189,10 +280,51 @@ class ConnectionAck(TypedDict):
 
 
 @with_config(ConfigDict(extra="forbid"))
+class StatusOut(TypedDict):
+    """A user's status as watchers see it."""
+
+    status: StatusName
+    text: str
+    emoji: str
+    until: str | None
+    idle: bool
+
+
+@with_config(ConfigDict(extra="forbid"))
 class PresenceSnapshot(TypedDict):
     online: list[str]
+    # The status of every user in `online`.
+    status: dict[str, StatusOut]
     # The user's large channels and how many of their members are online (only when there are).
     occupancy: NotRequired[dict[str, int]]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PresenceStatus(TypedDict):
+    user: str
+    status: StatusName
+    text: str
+    emoji: str
+    until: str | None
+    idle: bool
+    # Only on the user's own connections.
+    invisible: NotRequired[bool]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class QueriedUser(TypedDict):
+    state: Literal["online", "offline"]
+    last_seen_at: str | None
+    status: StatusName
+    text: str
+    emoji: str
+    until: str | None
+    idle: bool
+
+
+@with_config(ConfigDict(extra="forbid"))
+class PresenceResult(TypedDict):
+    users: dict[str, QueriedUser]
 
 
 @with_config(ConfigDict(extra="forbid"))

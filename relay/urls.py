@@ -16,6 +16,7 @@ urlpatterns = [
     path("v1/channels", api.channels),
     path("v1/channels/<str:channel_id>/members/<path:user_id>", api.member),
     path("v1/tokens", api.tokens),
+    path("v1/settings", api.environment_settings),
     path("v1/openapi.json", schema.openapi),
     path("v1/schema/frames.json", schema.frames),
     path("", include("chat.urls")),

@@ -10,7 +10,9 @@ from django.utils import timezone
 
 from agents.models import Registration
 from devtools.embedded_redis import free_port
+from presence.models import UserStatus
 from presence.scripts import connections_key, marker_key, presence_key
+from presence.status import devices_key
 
 pytestmark = pytest.mark.django_db
 
@@ -89,3 +91,16 @@ def test_with_the_presence_store_down_the_pages_still_render_and_say_so(staff, a
     assert "Agent registrations: 1 alive of 2" in page
     index = staff.get("/admin/").content.decode()
     assert 'title="presence store unavailable">?</span>' in index
+
+
+def test_the_presence_page_shows_each_online_users_status_and_devices(staff, acme, online, redis_client):
+    UserStatus.objects.create(user=acme.users["linh"], status="busy", text="in a meeting", invisible=True)
+    far = 10**13  # Redis ms: counts until long after the test
+    redis_client.hset(
+        devices_key(str(acme.environment.id), "linh"),
+        mapping={"c1": f"mobile|1|1000|{far}", "c2": f"web|0|2000|{far}", "c3": "desktop|0|1|1"},
+    )
+    page = staff.get(presence_url(acme)).content.decode()
+    assert "busy — in a meeting" in page and "invisible" in page
+    assert "mobile (idle), web" in page
+    assert "desktop" not in page  # its entry stopped counting long ago

@@ -15,7 +15,7 @@ from relay import registry
 from tests.support import close_all, connect
 
 # JSON Schema's name for each JSON type the client's dataclasses use.
-JSON_TYPES = {str: "string", int: "integer", float: "number"}
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object"}
 
 
 @pytest.fixture
@@ -71,12 +71,21 @@ def described(field: dict, schema: dict) -> dict:
         unique = sorted({json.dumps(value, sort_keys=True) for value in values})
         merged = [json.loads(value) for value in unique]
         return {"type": "object", "values": merged[0] if len(merged) == 1 else {"anyOf": merged}}
+    if "anyOf" in field:
+        members = [member for member in field["anyOf"] if member != {"type": "null"}]
+        if len(members) == 1:
+            return described(members[0], schema)
+        return {"anyOf": sorted((described(member, schema) for member in members), key=str)}
     if field.get("type") == "array":
         return {"type": "array", "items": described(field["items"], schema)}
     if field.get("type") == "object" and "additionalProperties" in field:
         values = field["additionalProperties"]
-        # `true`: any JSON value (a signal's `data`).
-        return {"type": "object"} if values is True else {"type": "object", "values": described(values, schema)}
+        if values is True:
+            return {"type": "object"}  # any JSON value (a signal's `data`)
+        if isinstance(values, dict) and "$ref" in values:
+            # A map of id to an object (rich presence's statuses): the client checks it is one.
+            return {"type": "object", "values": {"type": "object"}}
+        return {"type": "object", "values": described(values, schema)}
     if "enum" in field:
         return {"type": field["type"], "enum": sorted(field["enum"])}
     return {"type": field["type"]}

@@ -23,6 +23,7 @@ from django.contrib.auth import get_user_model
 from devtools.embedded_redis import free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
+from presence.models import UserStatus
 from presence.scripts import connections_key, presence_key
 from relay.asgi import application
 from relay.close_codes import TOO_MANY_CONNECTIONS
@@ -37,14 +38,15 @@ async def test_the_snapshot_follows_the_ack_and_lists_online_co_members_and_the_
     linh = await closing(Socket.open(acme.token("linh")))
     await linh.next_of("presence.snapshot")
     assert linh.frames[0]["type"] == "connection.ack"
-    assert linh.frames[1] == {"type": "presence.snapshot", "payload": {"online": ["linh", "tuan"]}}
+    assert linh.frames[1]["type"] == "presence.snapshot"
+    assert linh.frames[1]["payload"]["online"] == ["linh", "tuan"]
     # Her own online, which her election published, is hers straight after the snapshot; the
     # copies coming back through Redis (one per shared channel) are dropped.
     assert await linh.wait_changes(1) == [{"user": "linh", "state": "online"}]
     assert linh.frames[2] == {"type": "presence.changed", "payload": {"user": "linh", "state": "online"}}
     # hermit shares nobody's channel: his snapshot is himself alone, not linh or tuan.
     hermit = await closing(Socket.open(acme.token("hermit")))
-    assert await hermit.next_of("presence.snapshot") == {"online": ["hermit"]}
+    assert (await hermit.next_of("presence.snapshot"))["online"] == ["hermit"]
     for socket in (tuan, linh, hermit):
         await socket.close()
 
@@ -140,15 +142,22 @@ async def test_with_the_presence_redis_down_the_socket_still_opens_and_failures_
     settings.RELAY_PRESENCE_REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     linh = await closing(Socket.open(acme.token("linh")))
     assert (await linh.next_of("connection.ack"))["user"] == "linh"
-    assert await linh.next_of("presence.snapshot") == {"online": []}
+    assert await linh.next_of("presence.snapshot") == {"online": [], "status": {}}
     # The socket still works for everything else.
     await linh.send_raw("not json")
     assert (await linh.next_of("error"))["code"] == "invalid_frame"
     await linh.close()
     # The snapshot's read is part of the election's round trip: one failure, logged once. The
     # close's pin of the channel entries is tried though the release failed (it may have been a
-    # timeout alone), and fails too.
-    assert [e["op"] for e in events(caplog, "presence.failed")] == ["admit", "release", "channels_seen"]
+    # timeout alone), and fails too; the connection's device entry (docs/contract.md, Rich
+    # presence) is written once it opened, and at the close.
+    assert [e["op"] for e in events(caplog, "presence.failed")] == [
+        "admit",
+        "devices",
+        "release",
+        "channels_seen",
+        "devices",
+    ]
     assert all(record.exc_info is None for record in caplog.records)
 
 
@@ -297,7 +306,7 @@ async def test_closing_the_service_cancels_the_pending_check_and_publishes_nothi
     assert published(caplog) == [("tuan", "online")]
 
 
-async def test_no_transition_writes_a_database_row(acme, settings, run_grace_check, closing):
+async def test_no_transition_writes_a_database_row_but_the_users_last_seen(acme, settings, run_grace_check, closing):
     settings.RELAY_PRESENCE_GRACE_MS = 1
 
     @database_sync_to_async
@@ -311,7 +320,10 @@ async def test_no_transition_writes_a_database_row(acme, settings, run_grace_che
     await tuan.close()
     await run_grace_check(acme, "tuan")
     assert await linh.next_of("presence.changed", after=4, timeout=5) == {"user": "tuan", "state": "offline"}
-    assert await rows() == before
+    # The one durable trace of presence: when the user was last seen (docs/contract.md, Rich presence).
+    assert await rows() == before | {"presence.UserStatus": before["presence.UserStatus"] + 1}
+    row = await database_sync_to_async(UserStatus.objects.get)(user=acme.users["tuan"])
+    assert row.last_seen_at is not None and (row.status, row.text, row.invisible) == ("available", "", False)
 
 
 def test_http_presence_lists_the_channels_online_members(acme, globex, api_for, redis_client):
@@ -391,7 +403,7 @@ async def test_a_member_added_live_hears_once_who_the_channel_made_visible_and_i
     linh = await closing(Socket.open(acme.token("linh")))
     await linh.wait_changes(1)
     hermit = await closing(Socket.open(acme.token("hermit")))
-    assert await hermit.next_of("presence.snapshot") == {"online": ["hermit"]}
+    assert (await hermit.next_of("presence.snapshot"))["online"] == ["hermit"]
 
     await database_sync_to_async(membership.add_member)(fleet, acme.users["hermit"])
     # fleet made linh and tuan visible to him: linh is online and announced, tuan is not.

@@ -12,9 +12,22 @@
 //   seen: what was held is sent again by the resume, and what was missing comes with it.
 // - A send stays pending until acknowledged and goes again, with the same idem_key, on every new
 //   connection: the server answers a repeated idem_key with the first one's ack, so it lands once.
+// - Rich presence: a status is the server's to keep, so `setStatus` goes again only while
+//   unanswered; idle belongs to a connection, so a page that said idle says it again on every new
+//   connection (each starts active).
 
 /** @typedef {{connection_id: string, user: string, channels: string[]}} ConnectionAck */
-/** @typedef {{online: string[]}} PresenceSnapshot */
+/** @typedef {{status: string, text: string, emoji: string, until: string | null, idle: boolean}} Status */
+/** @typedef {{online: string[], status?: Record<string, Status>}} PresenceSnapshot */
+/** @typedef {Status & {user: string, invisible?: boolean}} PresenceStatus */
+/**
+ * @typedef {object} PresenceRequest a presence.set or presence.query waiting for its answer
+ * @property {string} type
+ * @property {object} payload
+ * @property {(answer: any) => void} resolve
+ * @property {(error: Error) => void} reject
+ * @property {number | null} sent the connection serial it was last sent on
+ */
 /** @typedef {{user: string, state: "online" | "offline"}} PresenceChanged */
 /** @typedef {{idem_key: string, id: string, channel: string, seq: number}} MessageAck */
 /** @typedef {{id: string, channel: string, seq: number, user: string, text: string, created_at: string}} MessageCreated */
@@ -33,6 +46,7 @@
 /**
  * The events a RelayClient dispatches (each a CustomEvent whose `detail` is shown):
  * - "presence": PresenceChanged. After a reconnect, the differences from the new snapshot come as these.
+ * - "status": PresenceStatus, a co-member's (or the user's own, with `invisible`) status changed.
  * - "message": MessageCreated, each once and in seq order per channel.
  * - "signal": Signal, another member's signal (e.g. "typing") in one of the user's channels; never stored.
  * - "relay-error": ErrorPayload, an `error` frame that answered no send (a refused signal among them).
@@ -40,7 +54,7 @@
  * - "disconnected": {code: number, retryInMs: number}; `online` is the last view until "reconnected".
  * - "reconnected": ConnectionAck.
  * - "stopped": {code: number}: refused (4401, 4429) with no new token; the client will not reconnect.
- * @typedef {"presence" | "message" | "signal" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
+ * @typedef {"presence" | "status" | "message" | "signal" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
  */
 
 // Past this many characters of cursor the URL would near the server's 16 KB request head: the
@@ -60,7 +74,9 @@ const HISTORY_PAGE = 500; // the endpoint's largest page
 /** @type {Record<string, Record<string, string>>} */
 const SHAPES = {
   "connection.ack": { connection_id: "string", user: "string", channels: "string[]" },
-  "presence.snapshot": { online: "string[]" },
+  "presence.snapshot": { online: "string[]", status: "object?" },
+  "presence.status": { user: "string", status: "string", text: "string", emoji: "string", until: "string|null", idle: "bool" },
+  "presence.result": { users: "object" },
   "presence.changed": { user: "string", state: "state" },
   "message.ack": { idem_key: "string", id: "string", channel: "string", seq: "seq" },
   "message.created": { id: "string", channel: "string", seq: "seq", user: "string", text: "string", created_at: "string" },
@@ -75,8 +91,13 @@ const FITS = {
   "string[]": (value) => Array.isArray(value) && value.every((item) => typeof item === "string"),
   seq: (value) => Number.isSafeInteger(value),
   state: (value) => value === "online" || value === "offline",
+  "string|null": (value) => value === null || typeof value === "string",
+  bool: (value) => typeof value === "boolean",
+  "object?": (value) => value === undefined || (!!value && typeof value === "object" && !Array.isArray(value)),
   object: (value) => value !== null && typeof value === "object" && !Array.isArray(value),
 };
+
+export const DEVICES = ["web", "mobile", "desktop", "bot"];
 
 /**
  * The frame a text holds, or null for one this client cannot use (never a reason to drop the connection).
@@ -120,10 +141,18 @@ export class RelayClient extends EventTarget {
   #openTimeoutMs;
   #retryBaseMs;
   #retryCapMs;
+  #device;
   #stableAfterMs;
 
   /** @type {string | null} */
   #user = null;
+  /** @type {Map<string, Status>} user -> status, for the online co-members */
+  #statuses = new Map();
+  /** @type {PresenceStatus | null} the user's own, as the server last told it */
+  #own = null;
+  #idle = false;
+  /** @type {PresenceRequest[]} presence.set and presence.query in the order they were asked */
+  #presenceRequests = [];
   /** @type {Set<string>} */
   #online = new Set();
   /** @type {Map<string, number>} channel -> highest contiguous seq delivered */
@@ -160,6 +189,7 @@ export class RelayClient extends EventTarget {
    * @param {number} [options.openTimeoutMs] how long connection.ack and presence.snapshot may take
    * @param {number} [options.retryBaseMs] the reconnect back-off's first step
    * @param {number} [options.retryCapMs] and its ceiling
+   * @param {string} [options.device] this connection's kind for presence: web, mobile, desktop or bot
    * @param {number} [options.stableAfterMs] how long a connection must stay up before the back-off starts again
    *   from its first step (a server that acknowledges and then closes at once is retried ever more slowly)
    */
@@ -171,9 +201,12 @@ export class RelayClient extends EventTarget {
     openTimeoutMs = 10_000,
     retryBaseMs = 500,
     retryCapMs = 30_000,
+    device = "web",
     stableAfterMs = 30_000,
   }) {
     super();
+    if (!DEVICES.includes(device)) throw new RangeError(`device is one of ${DEVICES.join(", ")}`);
+    this.#device = device;
     this.#url = url.replace(/\/+$/, "");
     this.#httpUrl = this.#url.replace(/^ws/, "http");
     this.#tokenSource = token;
@@ -188,6 +221,90 @@ export class RelayClient extends EventTarget {
   /** The user ids online among the user's co-members: the snapshot, then every change. */
   get online() {
     return new Set(this.#online);
+  }
+
+  /** Each online co-member's status (and the user's): {status, text, emoji, until, idle}. */
+  get statuses() {
+    return Object.fromEntries(this.#statuses);
+  }
+
+  /** The user's own status as the server last told it, with `invisible`; null until it has. */
+  get ownStatus() {
+    return this.#own;
+  }
+
+  /** Whether the user is invisible, as the server last told this client. */
+  get invisible() {
+    return !!this.#own?.invisible;
+  }
+
+  /** Whether this page told the server its connection is idle. */
+  get idle() {
+    return this.#idle;
+  }
+
+  /**
+   * Set any of status, text, emoji, until (ISO-8601 or null) and invisible; resolves with the
+   * user's status as the server answers it (with `invisible`), rejects with the server's refusal
+   * (`forbidden`, `rate_limited`, `invalid_frame`) as an Error carrying `code`.
+   * @param {{status?: string, text?: string, emoji?: string, until?: string | null, invisible?: boolean}} fields
+   * @returns {Promise<PresenceStatus>}
+   */
+  setStatus(fields) {
+    return this.#presenceRequest("presence.set", fields);
+  }
+
+  /**
+   * Tell the server this connection is idle (or active again); said again after a reconnect.
+   * @param {boolean} idle
+   */
+  setIdle(idle) {
+    this.#idle = idle;
+    if (this.#live) this.#socket?.send(JSON.stringify({ type: "presence.activity", payload: { idle } }));
+  }
+
+  /**
+   * State, last seen and status of users (1-100) who share a channel with the user; others are absent.
+   * @param {string[]} users
+   * @returns {Promise<Record<string, Status & {state: string, last_seen_at: string | null}>>}
+   */
+  async query(users) {
+    const result = await this.#presenceRequest("presence.query", { users: [...new Set(users)] });
+    return result.users;
+  }
+
+  /**
+   * @param {string} type
+   * @param {object} payload
+   * @returns {Promise<any>}
+   */
+  #presenceRequest(type, payload) {
+    if (this.#stopped) return Promise.reject(new Error("the client is stopped"));
+    /** @type {PresenceRequest} */
+    const request = { type, payload, resolve() {}, reject() {}, sent: null };
+    const promise = new Promise((resolve, reject) => Object.assign(request, { resolve, reject }));
+    this.#presenceRequests.push(request);
+    this.#sendPresence(request);
+    return promise;
+  }
+
+  /** @param {PresenceRequest} request */
+  #sendPresence(request) {
+    if (!this.#live || !this.#socket || request.sent === this.#serial) return;
+    request.sent = this.#serial;
+    this.#socket.send(JSON.stringify({ type: request.type, payload: request.payload }));
+  }
+
+  /**
+   * Answer the oldest request of `type`.
+   * @param {string} type
+   * @param {(request: PresenceRequest) => void} settle
+   */
+  #settlePresence(type, settle) {
+    const index = this.#presenceRequests.findIndex((request) => request.type === type && request.sent === this.#serial);
+    if (index < 0) return false;
+    settle(this.#presenceRequests.splice(index, 1)[0]);
+    return true;
   }
 
   /** The connected user, from the first connection.ack. */
@@ -285,7 +402,7 @@ export class RelayClient extends EventTarget {
       return;
     }
     this.#refused = null;
-    let query = `token=${encodeURIComponent(token)}`;
+    let query = `token=${encodeURIComponent(token)}&device=${this.#device}`;
     const cursor = this.#positions.size ? JSON.stringify(Object.fromEntries(this.#positions)) : null;
     // A cursor that would bring the URL near the server's 16 KB request head goes as the first frame.
     const byFrame = cursor !== null && cursor.length > MAX_URL_CURSOR_CHARS;
@@ -370,6 +487,8 @@ export class RelayClient extends EventTarget {
     const error = Object.assign(new Error(`the client stopped: ${reason} (${code})`), { code });
     for (const request of this.#pending.values()) request.reject(error);
     this.#pending.clear();
+    for (const request of this.#presenceRequests) request.reject(error);
+    this.#presenceRequests = [];
     if (this.#ready) this.#ready.reject(error);
     this.#ready = null;
     if (reason !== "closed") this.#emit("stopped", { code });
@@ -389,7 +508,9 @@ export class RelayClient extends EventTarget {
         this.#fill(channel, true, 0);
       }
     }
+    if (this.#idle) this.#socket?.send(JSON.stringify({ type: "presence.activity", payload: { idle: true } }));
     for (const request of this.#pending.values()) this.#transmit(request);
+    for (const request of this.#presenceRequests) this.#sendPresence(request);
   }
 
   /** @param {{type: string, payload: any}} frame */
@@ -397,8 +518,21 @@ export class RelayClient extends EventTarget {
     if (type === "presence.snapshot") this.#onSnapshot(payload);
     else if (type === "presence.changed") {
       if (payload.state === "online") this.#online.add(payload.user);
-      else this.#online.delete(payload.user);
+      else {
+        this.#online.delete(payload.user);
+        this.#statuses.delete(payload.user);
+      }
       this.#emit("presence", payload);
+    } else if (type === "presence.status") {
+      const { user, status, text, emoji, until, idle } = payload;
+      this.#statuses.set(user, { status, text, emoji, until, idle });
+      if (user === this.#user && typeof payload.invisible === "boolean") {
+        this.#own = payload;
+        this.#settlePresence("presence.set", (request) => request.resolve(payload));
+      }
+      this.#emit("status", payload);
+    } else if (type === "presence.result") {
+      this.#settlePresence("presence.query", (request) => request.resolve(payload));
     } else if (type === "message.created") this.#accept(payload);
     else if (type === "signal") this.#emit("signal", payload);
     else if (type === "message.ack") {
@@ -410,13 +544,17 @@ export class RelayClient extends EventTarget {
     } else if (type === "error" && payload.code === "rate_limited") {
       this.#sendAgainAfter(payload.retry_after_ms ?? 1000);
     } else if (type === "error") {
-      if (!(payload.type === "message.send" && this.#refuseOldestSend(payload))) this.#emit("relay-error", payload);
+      const refusal = () => Object.assign(new Error(`${payload.code}: ${payload.message}`), payload);
+      if (payload.type === "message.send" && this.#refuseOldestSend(payload)) return;
+      if (this.#settlePresence(payload.type, (request) => request.reject(refusal()))) return;
+      this.#emit("relay-error", payload);
     }
   }
 
   /** @param {PresenceSnapshot} snapshot */
-  #onSnapshot({ online }) {
+  #onSnapshot({ online, status = {} }) {
     const now = new Set(online);
+    this.#statuses = new Map(Object.entries(status));
     if (this.#ready) {
       this.#online = now;
       this.#ready.resolve();

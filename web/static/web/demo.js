@@ -26,11 +26,18 @@ const state = {
   unread: new Map(),
   /** @type {string | null} channel id on screen */
   selected: null,
+  /** @type {Map<string, string | null>} member id -> when last seen (ISO-8601), for offline members */
+  lastSeen: new Map(),
+  /** @type {boolean | undefined} the invisibility the toggle last showed */
+  shownInvisible: undefined,
   /** @type {Map<string, Map<string, number>>} channel id -> user id -> timer that hides their "typing" */
   typing: new Map(),
   /** @type {Map<string, number>} channel id -> when this page last signalled typing there */
   typingSent: new Map(),
 };
+
+// The page reports idle after this long without input (`?idle_ms=` shortens it for a try-out).
+const IDLE_AFTER_MS = Number(new URLSearchParams(location.search).get("idle_ms")) || 60_000;
 
 // ── Signing in (the demo's shortcut: a real app's backend mints the token) ───
 /** @param {string} userId */
@@ -80,7 +87,14 @@ function start(session) {
     if (code === CLOSE_UNAUTHORIZED) signOut("Signed out: the server refused the token (expired, revoked or rotated).");
     else if (code === CLOSE_TOO_MANY) showStatus("disconnected", "Too many open connections for this user: close another tab, then reload this one.");
   });
-  client.addEventListener("presence", () => renderMembers());
+  client.addEventListener("presence", (event) => {
+    if (/** @type {CustomEvent} */ (event).detail.state === "offline") refreshLastSeen();
+    renderMembers();
+  });
+  client.addEventListener("status", () => {
+    renderMembers();
+    renderOwnStatus();
+  });
   client.addEventListener("message", (event) => showMessage(/** @type {CustomEvent} */ (event).detail));
   client.addEventListener("signal", (event) => heardSignal(/** @type {CustomEvent} */ (event).detail));
   client.addEventListener("relay-error", (event) => {
@@ -98,7 +112,77 @@ function connected(client) {
   showStatus("connected", `Connected as ${state.session.user.name || state.session.user.id}`);
   renderMembers();
   renderComposer();
+  renderOwnStatus();
+  refreshLastSeen();
 }
+
+/** Ask when the offline members of the page's channels were last seen (up to 100 at a time). */
+async function refreshLastSeen() {
+  const client = state.client;
+  if (!client?.connected || !state.session) return;
+  const members = new Set(state.session.channels.flatMap((channel) => channel.members.map((member) => member.id)));
+  const offline = [...members].filter((id) => !client.online.has(id)).slice(0, 100);
+  if (!offline.length) return;
+  try {
+    const users = await client.query(offline);
+    for (const [id, user] of Object.entries(users)) state.lastSeen.set(id, user.last_seen_at);
+    renderMembers();
+  } catch {
+    // Rate-limited or disconnected: the next change asks again.
+  }
+}
+
+/** @param {HTMLFormElement} form */
+async function setOwnStatus(form) {
+  const client = state.client;
+  if (!client) return;
+  const seconds = Number(form.elements.namedItem("until").value);
+  /** @type {Record<string, string | boolean | null>} */
+  const fields = {
+    status: form.elements.namedItem("status").value,
+    text: form.elements.namedItem("text").value,
+    emoji: form.elements.namedItem("emoji").value,
+    until: seconds ? new Date(Date.now() + seconds * 1000).toISOString() : null,
+  };
+  const invisible = /** @type {HTMLInputElement} */ (form.elements.namedItem("invisible")).checked;
+  if (invisible !== client.invisible) fields.invisible = invisible;
+  try {
+    await client.setStatus(fields);
+  } catch (error) {
+    showStatus("connected", `The server refused the status: ${/** @type {Error} */ (error).message}`);
+  }
+}
+
+function renderOwnStatus() {
+  const own = state.client?.ownStatus;
+  if (!own) return;
+  const until = own.until ? ` until ${new Date(own.until).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}` : "";
+  $("own-status").textContent = `You are ${own.status}${own.text ? ` — ${own.text}` : ""}${until}${own.invisible ? " (invisible)" : ""}`;
+  // The toggle follows the server only when invisibility changed (another tab, a reconnect):
+  // an idle flip must not undo a box ticked but not yet submitted.
+  if (own.invisible !== state.shownInvisible) $("status-invisible").checked = own.invisible === true;
+  state.shownInvisible = own.invisible;
+}
+
+/** @param {string | null | undefined} when */
+function ago(when) {
+  if (!when) return "never seen";
+  const minutes = Math.round((Date.now() - new Date(when).getTime()) / 60_000);
+  if (minutes < 1) return "last seen just now";
+  if (minutes < 60) return `last seen ${minutes} min ago`;
+  return `last seen ${new Date(when).toLocaleString()}`;
+}
+
+// Idle: no key, pointer or focus for IDLE_AFTER_MS. Only a change is told (presence.activity is rate-limited).
+/** @type {ReturnType<typeof setTimeout> | undefined} */
+let idleTimer;
+function active() {
+  if (state.client?.idle) state.client.setIdle(false);
+  clearTimeout(idleTimer);
+  idleTimer = setTimeout(() => state.client?.setIdle(true), IDLE_AFTER_MS);
+}
+for (const kind of ["keydown", "pointerdown", "pointermove", "focus"]) addEventListener(kind, active, { passive: true });
+active();
 
 /** @param {string} [reason] */
 function signOut(reason) {
@@ -220,15 +304,30 @@ function renderMembers() {
   if (!state.session) return;
   // Nobody's presence is known while disconnected: the dots go grey until the next snapshot.
   const online = state.client?.connected ? state.client.online : new Set();
+  const statuses = state.client?.statuses ?? {};
   const members = selectedChannel()?.members ?? [];
   const items = members.map((member) => {
     const presence = online.has(member.id) ? "online" : "offline";
     const you = member.id === state.session?.user.id ? " (you)" : "";
+    const status = presence === "online" ? statuses[member.id] : undefined;
+    /** @type {Record<string, string>} */
+    const attributes = { "data-member": member.id, "data-presence": presence };
+    const details = [];
+    if (status) {
+      attributes["data-status"] = status.status;
+      attributes["data-idle"] = String(status.idle);
+      const words = [status.status === "available" ? "" : status.status, status.emoji, status.text].filter(Boolean).join(" ");
+      if (words) details.push(el("span", { class: "status-note" }, words));
+      if (status.idle) details.push(el("span", { class: "status-note", "data-idle-marker": "" }, "idle"));
+    } else if (presence === "offline" && state.lastSeen.has(member.id)) {
+      details.push(el("span", { class: "last-seen" }, ago(state.lastSeen.get(member.id))));
+    }
     return el(
       "li",
-      { "data-member": member.id, "data-presence": presence },
+      attributes,
       el("span", { class: "dot", "aria-hidden": "true" }),
       `${member.name || member.id}${you}`,
+      ...details,
       el("span", { class: "visually-hidden" }, `, ${presence}`),
     );
   });
@@ -292,6 +391,10 @@ $("sign-in")?.addEventListener("submit", (event) => {
   signIn(submitter.value);
 });
 $("sign-out").addEventListener("click", () => signOut());
+$("status-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  setOwnStatus(/** @type {HTMLFormElement} */ (event.target));
+});
 $("message-text").addEventListener("input", () => signalTyping());
 $("composer").addEventListener("submit", (event) => {
   event.preventDefault();

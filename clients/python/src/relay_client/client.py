@@ -14,6 +14,9 @@ the errors that answered nothing it asked. The rules it follows are in docs/clie
 - Requests (`message.send`, `register`, `deregister`) stay pending until answered and go again,
   unchanged, on every new connection: the server answers a repeated `idem_key` or `register`
   with the first one's result, so each lands once.
+- Rich presence: a status is the server's to keep (durable), so `set_status` goes again only
+  while unanswered; idle belongs to a connection, so a client that said idle says it again on
+  every new connection (each starts active).
 """
 
 import asyncio
@@ -24,8 +27,9 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, cast
 from urllib.parse import quote, urlsplit
@@ -46,9 +50,14 @@ from relay_client.events import (
     MessageAck,
     MessageCreated,
     MessageSend,
+    PresenceActivity,
     PresenceChanged,
     PresenceOccupancy,
+    PresenceQuery,
+    PresenceResult,
+    PresenceSet,
     PresenceSnapshot,
+    PresenceStatus,
     Reconnected,
     Register,
     RegisterAck,
@@ -121,6 +130,7 @@ class Client:
         retry_base: float = 0.5,
         retry_cap: float = 30.0,
         stable_after: float = 30.0,
+        device: str = "web",
     ) -> None:
         """`url`: the instance's base, `ws://host:port`. `token`: a str, or a (sync or async) callable
         called for a fresh token before every connection; a sync one runs in a worker thread.
@@ -128,7 +138,11 @@ class Client:
         whole history comes first). `gap_wait`: how long a skipped seq may be merely late before the
         history is read. `retry_base`/`retry_cap`: the reconnect back-off, in seconds; it starts again
         from `retry_base` only after a connection stayed up `stable_after` seconds (a server that
-        acknowledges and then closes at once is retried ever more slowly, not every `retry_base`)."""
+        acknowledges and then closes at once is retried ever more slowly, not every `retry_base`).
+        `device`: this connection's kind for presence (`web`, `mobile`, `desktop` or `bot`)."""
+        if device not in DEVICES:
+            raise ValueError(f"device is one of {', '.join(DEVICES)}")
+        self._device = device
         parts = urlsplit(url)
         if parts.scheme not in ("ws", "wss") or not parts.netloc or parts.query:
             raise ValueError("url is the instance's base: ws://host:port or wss://host:port")
@@ -148,6 +162,10 @@ class Client:
         self._channels: frozenset[str] = frozenset()
         self._connection_id: str | None = None
         self._online: set[str] = set()
+        self._statuses: dict[str, dict[str, Any]] = {}
+        self._own: PresenceStatus | None = None
+        self._idle = False
+        self._presence_lock = asyncio.Lock()
         self._held: dict[str, dict[int, MessageCreated]] = {}
         self._fills: dict[str, asyncio.Task[None]] = {}
         self._pending: dict[tuple[str, ...], _Request] = {}
@@ -175,6 +193,26 @@ class Client:
     def online(self) -> frozenset[str]:
         """The user ids online among the user's co-members: the snapshot, then every change."""
         return frozenset(self._online)
+
+    @property
+    def statuses(self) -> dict[str, dict[str, Any]]:
+        """The status of each online co-member (and the user): `{"status", "text", "emoji", "until", "idle"}`."""
+        return {user: dict(status) for user, status in self._statuses.items()}
+
+    @property
+    def own_status(self) -> PresenceStatus | None:
+        """The user's own status as the server last told it (with `invisible`), if it has."""
+        return self._own
+
+    @property
+    def invisible(self) -> bool:
+        """Whether the user is invisible, as the server last told this client."""
+        return bool(self._own and self._own.invisible)
+
+    @property
+    def idle(self) -> bool:
+        """Whether this client told the server its connection is idle."""
+        return self._idle
 
     @property
     def user(self) -> str | None:
@@ -262,6 +300,34 @@ class Client:
         frame = MessageSend(idem_key=idem_key or uuid.uuid4().hex, channel=_channel_id(channel), text=text)
         ack: MessageAck = await self._request(frame, (frame.channel, frame.idem_key))
         return ack
+
+    async def set_status(self, **fields: Any) -> PresenceStatus:
+        """Set any of `status`, `text`, `emoji`, `until` (a datetime or ISO-8601; None: no expiry) and
+        `invisible`; return the user's status as the server answers it. Raises FrameRefused when the
+        server refuses it (`forbidden`, `rate_limited`, `invalid_frame`)."""
+        unknown = set(fields) - {"status", "text", "emoji", "until", "invisible"}
+        if unknown or not fields:
+            raise ValueError("give any of status, text, emoji, until, invisible")
+        if isinstance(fields.get("until"), datetime):
+            fields["until"] = fields["until"].isoformat()
+        async with self._presence_lock:
+            answer: PresenceStatus = await self._request(PresenceSet(**fields), ())
+        return answer
+
+    async def set_idle(self, idle: bool) -> None:
+        """Tell the server this connection is idle (or active again); said again after a reconnect."""
+        self._check_open()
+        self._idle = idle
+        await self._send_frame(PresenceActivity(idle=idle))
+
+    async def query(self, users: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """State, last seen and status of `users` (1-100) who share a channel with this user; others are absent."""
+        wanted = tuple(dict.fromkeys(users))
+        if not 1 <= len(wanted) <= 100:
+            raise ValueError("query 1 to 100 users")
+        async with self._presence_lock:
+            result: PresenceResult = await self._request(PresenceQuery(users=wanted), ())
+        return result.users
 
     async def signal(self, channel: str, name: str, data: Mapping[str, Any] | None = None) -> None:
         """Signal the channel's other members (`name`, e.g. "typing"; `data`, a small JSON object).
@@ -351,6 +417,8 @@ class Client:
             SendRefused(error, frame.idem_key)
             if isinstance(frame, MessageSend)
             else AgentRefused(error, frame.instance)
+            if isinstance(frame, Register | Deregister)
+            else FrameRefused(error)
         )
         request.future.set_exception(refusal)
         return True
@@ -439,7 +507,7 @@ class Client:
 
         Stayed up: acknowledged, and open for `stable_after` seconds.
         """
-        url = f"{self._url}/v1/ws?token={quote(token, safe='')}"
+        url = f"{self._url}/v1/ws?token={quote(token, safe='')}&device={self._device}"
         cursor = json.dumps(self._positions, separators=(",", ":")) if self._positions else None
         by_frame = cursor is not None and len(cursor) > MAX_URL_CURSOR_BYTES
         if by_frame:
@@ -509,6 +577,8 @@ class Client:
             if channel not in self._positions:
                 self._positions[channel] = 0
                 self._start_fill(channel, to_end=True, delay=0)
+        if self._idle:
+            await self._send_frame(PresenceActivity(idle=True))
         for request in list(self._pending.values()):
             await self._transmit(request)
         for agent in list(self._agents.values()):
@@ -523,7 +593,22 @@ class Client:
                     self._online.add(user)
                 else:
                     self._online.discard(user)
+                    self._statuses.pop(user, None)
                 self._emit(frame)
+            case PresenceStatus():
+                self._statuses[frame.user] = {
+                    "status": frame.status,
+                    "text": frame.text,
+                    "emoji": frame.emoji,
+                    "until": frame.until,
+                    "idle": frame.idle,
+                }
+                if frame.user == self._user and frame.invisible is not None:
+                    self._own = frame
+                    self._answer(("PresenceSet",), frame)
+                self._emit(frame)
+            case PresenceResult():
+                self._answer(("PresenceQuery",), frame)
             case PresenceOccupancy():
                 self._emit(frame)
             case MessageCreated():
@@ -550,6 +635,7 @@ class Client:
 
     def _on_snapshot(self, snapshot: PresenceSnapshot) -> None:
         online = set(snapshot.online)
+        self._statuses = {user: dict(status) for user, status in snapshot.status.items() if isinstance(status, dict)}
         if not self._was_ready:
             self._online = online
             self._was_ready = True
@@ -715,7 +801,14 @@ class Agent:
             self._heartbeat.cancel()
 
 
-_TYPES = {MessageSend: "message.send", Register: "register", Deregister: "deregister"}
+_TYPES = {
+    MessageSend: "message.send",
+    Register: "register",
+    Deregister: "deregister",
+    PresenceSet: "presence.set",
+    PresenceQuery: "presence.query",
+}
+DEVICES = ("web", "mobile", "desktop", "bot")
 
 
 def _parse(raw: str | bytes) -> Any:

@@ -30,9 +30,31 @@ class ConnectionAck:
 @dataclass(frozen=True, slots=True)
 class PresenceSnapshot:
     online: tuple[str, ...]
+    # user -> {"status", "text", "emoji", "until", "idle"} for every user in `online`.
+    status: dict[str, dict] = dataclasses.field(default_factory=dict)
     # The user's large channels and how many of their members are online: in those, people are
     # counted instead of named (docs/contract.md, Large rooms).
     occupancy: dict[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceStatus:
+    """`user`'s status changed (docs/contract.md, Rich presence). `invisible` only about oneself."""
+
+    user: str
+    status: Literal["available", "away", "busy", "dnd"]
+    text: str
+    emoji: str
+    until: str | None
+    idle: bool
+    invisible: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceResult:
+    """The answer to `query()`: user -> {"state", "last_seen_at", "status", ...}, co-members only."""
+
+    users: dict[str, dict]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +169,34 @@ class Deregister:
     instance: str
 
 
+@dataclass(frozen=True, slots=True)
+class PresenceSet:
+    """Only the fields given travel: a field left at its default is not sent. `until=None` is sent
+    (it clears the expiry), so `until`'s "not given" is "" (which is never a valid time)."""
+
+    status: Literal["available", "away", "busy", "dnd"] | None = None
+    text: str | None = None
+    emoji: str | None = None
+    until: str | None = ""
+    invisible: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceActivity:
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceQuery:
+    users: tuple[str, ...]
+
+
 SERVER_FRAMES: dict[str, type] = {
     "connection.ack": ConnectionAck,
     "presence.snapshot": PresenceSnapshot,
     "presence.changed": PresenceChanged,
+    "presence.status": PresenceStatus,
+    "presence.result": PresenceResult,
     "presence.occupancy": PresenceOccupancy,
     "message.ack": MessageAck,
     "message.created": MessageCreated,
@@ -165,6 +211,9 @@ CLIENT_FRAMES: dict[str, type] = {
     "register": Register,
     "heartbeat": Heartbeat,
     "deregister": Deregister,
+    "presence.set": PresenceSet,
+    "presence.activity": PresenceActivity,
+    "presence.query": PresenceQuery,
     "signal": SignalSend,
 }
 _CLIENT_TYPES = {cls: frame_type for frame_type, cls in CLIENT_FRAMES.items()}
@@ -173,6 +222,8 @@ ServerFrame = (
     ConnectionAck
     | PresenceSnapshot
     | PresenceChanged
+    | PresenceStatus
+    | PresenceResult
     | PresenceOccupancy
     | MessageAck
     | MessageCreated
@@ -181,7 +232,17 @@ ServerFrame = (
     | Signal
     | Error
 )
-ClientFrame = MessageSend | Resume | Register | Heartbeat | Deregister | SignalSend
+ClientFrame = (
+    MessageSend
+    | Resume
+    | Register
+    | Heartbeat
+    | Deregister
+    | SignalSend
+    | PresenceSet
+    | PresenceActivity
+    | PresenceQuery
+)
 
 
 # ── the client's own events ──────────────────────────────────────────────────
@@ -202,7 +263,9 @@ class Reconnected:
     connection_id: str
 
 
-Event = PresenceChanged | PresenceOccupancy | MessageCreated | Signal | Error | Disconnected | Reconnected
+Event = (
+    PresenceChanged | PresenceStatus | PresenceOccupancy | MessageCreated | Signal | Error | Disconnected | Reconnected
+)
 
 F = TypeVar("F", bound="DataclassInstance")
 
@@ -234,7 +297,8 @@ def from_payload(cls: type[F], payload: Any, frame_type: str) -> F:
     values = {}
     for field in dataclasses.fields(cls):
         if field.name not in payload:
-            if field.default is dataclasses.MISSING:
+            # A field with a default (or a default factory) may be absent: an older server's frame.
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise ProtocolError(f"{frame_type}: {field.name} is missing")
             continue
         value = payload[field.name]
@@ -246,7 +310,14 @@ def from_payload(cls: type[F], payload: Any, frame_type: str) -> F:
 
 def frame_text(frame: ClientFrame) -> str:
     """The JSON text of a client frame."""
-    return json.dumps({"type": _CLIENT_TYPES[type(frame)], "payload": dataclasses.asdict(frame)})
+    payload = dataclasses.asdict(frame)
+    if isinstance(frame, PresenceSet):
+        payload = {
+            field.name: payload[field.name]
+            for field in dataclasses.fields(frame)
+            if payload[field.name] != field.default
+        }
+    return json.dumps({"type": _CLIENT_TYPES[type(frame)], "payload": payload})
 
 
 @cache
@@ -261,6 +332,10 @@ def _fits(value: Any, hint: Any) -> bool:
         return True
     if hint is str:
         return isinstance(value, str)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:

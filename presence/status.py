@@ -1,0 +1,587 @@
+"""Rich presence: a user's status, idle, invisibility and devices (docs/contract.md, Rich presence).
+
+What a user chose lives in the database (`presence.models.UserStatus`) and, for the hot path
+(snapshots, channel presence, announcements), in a Redis hash beside it. A hash whose `s` field
+is missing (a Redis restarted empty) is read again from the table and written back, so the
+status survives anything Redis does.
+
+Idle is per connection, kept in a second hash of the user's connections: `device|idle|connected
+at|expires at` (Redis ms). A live connection's entry is refreshed by its instance every refresh
+interval; a closed one's expires after the grace, so a reconnect inside it does not flip idle.
+One script per change updates the entries and the user's aggregate (idle while every counted
+connection is idle) and says whether the aggregate changed: only that caller announces it.
+
+Announcements travel the presence fabric (presence/fabric.py): a `presence.status_change` to
+the group of each of the user's channels (one frame per watcher, deduplicated like a transition)
+and one to the user's own group, which only their connections join and which carries
+`invisible`. The check that the user is online and the PUBLISHes are one script, so a status
+never reaches a watcher ahead of the user's `online`, nor after their `offline` was decided.
+"""
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from limits import RateLimitItemPerSecond, storage, strategies
+from redis.commands.core import AsyncScript
+
+from presence import actions
+from presence.fabric import GROUP_PREFIX, STATUS_CHANGE, State, group_name, transition_message
+from presence.keys import user_tag
+from presence.models import UserStatus
+from presence.queries import channel_ids_of_member
+from presence.reads import sync_client
+from presence.scripts import ANNOUNCE, presence_key
+from presence.store import PresenceStore, as_text, record_failure
+from relay.exceptions import FrameError
+from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
+from relay.layer import channel_layer
+from relay.logging import log_event
+from relay.models import Environment, User
+
+logger = logging.getLogger("presence")
+
+DEVICES: tuple[str, ...] = DeviceKind.__args__
+DEFAULT_DEVICE = "web"
+
+# More than this many presence.set and presence.activity frames in the window: `rate_limited`.
+RATE = RateLimitItemPerSecond(10, 10)
+_limiter = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
+
+
+def status_key(environment_id: str, user_id: str) -> str:
+    """The hash caching the user's status: `s`, `t`, `e`, `u` (ISO or ""), `i` (invisible), `idle`."""
+    return f"presence:status:{user_tag(environment_id, user_id)}:{environment_id}:{user_id}"
+
+
+def devices_key(environment_id: str, user_id: str) -> str:
+    """The hash of the user's connections: id -> `device|idle|connected at ms|expires at ms`."""
+    return f"presence:devices:{user_tag(environment_id, user_id)}:{environment_id}:{user_id}"
+
+
+def user_group(environment_id: str, user_id: str) -> str:
+    """The group only the user's own connections join (a digest: group names are short and ASCII)."""
+    digest = hashlib.sha256(f"{environment_id}:{user_id}".encode()).hexdigest()[:40]
+    return f"{GROUP_PREFIX}u.{digest}"
+
+
+# KEYS: devices, status. ARGV: op, ms an entry counts from now, then per op: put: (connection id,
+# `device|idle|connected at ms`) pairs, written as they are (the instance holding a connection
+# knows its state, so an entry lost with Redis's data comes back at the next refresh); close:
+# one connection id, whose entry then counts for the given time only; sweep: nothing. Drops
+# expired entries, writes the user's idle (`idle` in the status hash) and returns {changed, idle}.
+DEVICES_SCRIPT = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local op = ARGV[1]
+local expires = now + tonumber(ARGV[2])
+local function parse(value)
+  return string.match(value, '^(%a+)|(%d)|(%d+)|(%d+)$')
+end
+if op == 'put' then
+  for i = 3, #ARGV, 2 do
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. '|' .. expires)
+  end
+elseif op == 'close' then
+  local value = redis.call('HGET', KEYS[1], ARGV[3])
+  if value then
+    local device, idle, connected = parse(value)
+    redis.call('HSET', KEYS[1], ARGV[3], device .. '|' .. idle .. '|' .. connected .. '|' .. expires)
+  end
+end
+local entries = redis.call('HGETALL', KEYS[1])
+local count, idle_count = 0, 0
+for i = 1, #entries, 2 do
+  local _, idle, _, ends = parse(entries[i + 1])
+  if not ends or tonumber(ends) < now then
+    redis.call('HDEL', KEYS[1], entries[i])
+  else
+    count = count + 1
+    if idle == '1' then idle_count = idle_count + 1 end
+  end
+end
+local idle = '0'
+if count > 0 and idle_count == count then idle = '1' end
+local before = redis.call('HGET', KEYS[2], 'idle') or '0'
+redis.call('HSET', KEYS[2], 'idle', idle)
+local changed = 0
+if before ~= idle then changed = 1 end
+return {changed, tonumber(idle)}
+"""
+
+
+# ── the status ────────────────────────────────────────────────────────────────
+@dataclass(frozen=True)
+class Status:
+    """A user's chosen status, as stored; `effective` applies an expiry that passed."""
+
+    status: str = "available"
+    text: str = ""
+    emoji: str = ""
+    until: datetime | None = None
+    invisible: bool = False
+    last_seen_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: UserStatus | None) -> "Status":
+        if row is None:
+            return cls()
+        return cls(row.status, row.text, row.emoji, row.until, row.invisible, row.last_seen_at)
+
+    def effective(self, now: datetime | None = None) -> "Status":
+        """The status as it stands at `now`: back to available once `until` has passed."""
+        if self.until is not None and self.until <= (now or timezone.now()):
+            return replace(self, status="available", text="", emoji="", until=None)
+        return self
+
+    def chosen(self) -> tuple:
+        """The four fields a user chooses (watchers see them with idle)."""
+        return (self.status, self.text, self.emoji, self.until)
+
+    @property
+    def is_default(self) -> bool:
+        return self.chosen() == Status().chosen()
+
+    def out(self, idle: bool) -> StatusOut:
+        return StatusOut(
+            status=self.status, text=self.text, emoji=self.emoji, until=format_instant(self.until), idle=idle
+        )
+
+    def cache_fields(self) -> dict[str, str]:
+        return {
+            "s": self.status,
+            "t": self.text,
+            "e": self.emoji,
+            "u": "" if self.until is None else self.until.isoformat(),
+            "i": "1" if self.invisible else "0",
+        }
+
+    @classmethod
+    def from_cache(cls, fields: dict) -> "Status | None":
+        """The cached status, or None when the hash holds none (never written, or Redis lost it)."""
+        text = {_text(key): _text(value) for key, value in fields.items()}
+        if "s" not in text:
+            return None
+        until = datetime.fromisoformat(text["u"]) if text.get("u") else None
+        return cls(text["s"], text.get("t", ""), text.get("e", ""), until, text.get("i") == "1")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Forbidden(Exception):
+    """Invisibility asked of an environment that does not allow it."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One set's outcome: the status before and after, and the user's channels."""
+
+    before: Status
+    after: Status
+    channels: list[str]
+
+
+def write_status(
+    environment_id: str, user: User, payload: PresenceSet, channels: Iterable[str] | None = None
+) -> Change:
+    """Apply a `presence.set` (or PUT body) to the user's row, in one transaction; raise Forbidden.
+
+    `channels`: the user's channel ids when the caller knows them (a connection does), else read.
+    """
+    now = timezone.now()
+    given = payload.model_fields_set
+    with transaction.atomic():
+        if payload.invisible and not Environment.objects.filter(pk=environment_id, allow_invisible=True).exists():
+            raise Forbidden
+        row, _ = UserStatus.objects.select_for_update().get_or_create(user=user)
+        before = Status.of(row).effective(now)
+        row.status, row.text, row.emoji, row.until = before.status, before.text, before.emoji, before.until
+        for name in ("status", "text", "emoji", "invisible"):
+            if name in given:
+                setattr(row, name, getattr(payload, name))
+        if "until" in given:
+            row.until = None if payload.until is None else datetime.fromisoformat(payload.until)
+        if row.invisible and not before.invisible:
+            # Others saw the user leave now: this is the "last seen" they may be told.
+            row.last_seen_at = now
+        row.save()
+    if channels is None:
+        channels = channel_ids_of_member(environment_id, user.external_id)
+    return Change(before=before, after=Status.of(row), channels=sorted(channels))
+
+
+write_status_async = database_sync_to_async(write_status, thread_sensitive=False)
+
+
+def read_statuses(environment_id: str, user_ids: Sequence[str]) -> dict[str, Status]:
+    """The stored statuses of the environment's `user_ids` (users without a row are left out)."""
+    rows = UserStatus.objects.filter(user__environment_id=environment_id, user__external_id__in=list(user_ids))
+    return {
+        row_user: Status.of(row)
+        for row, row_user in ((row, row.user.external_id) for row in rows.select_related("user"))
+    }
+
+
+read_statuses_async = database_sync_to_async(read_statuses, thread_sensitive=False)
+
+
+# ── reading the cache ────────────────────────────────────────────────────────
+async def cached_statuses(environment_id: str, user_ids: Sequence[str]) -> dict[str, tuple[Status, bool]]:
+    """(status, idle) of each of `user_ids`: from Redis, the misses from the table (written back)."""
+    if not user_ids:
+        return {}
+    store = actions.service().store
+
+    async def work() -> list:
+        pipe = store.client.pipeline(transaction=False)
+        for user_id in user_ids:
+            pipe.hgetall(status_key(environment_id, user_id))
+        return await pipe.execute()
+
+    replies = await store.call("status_read", work)
+    found: dict[str, tuple[Status, bool]] = {}
+    missing: list[str] = []
+    idle_of: dict[str, bool] = {}
+    for index, user_id in enumerate(user_ids):
+        fields = replies[index] if replies is not None else {}
+        idle_of[user_id] = _text(fields.get(b"idle", fields.get("idle", b"0"))) == "1"
+        status = Status.from_cache(fields)
+        if status is None:
+            missing.append(user_id)
+        else:
+            found[user_id] = (status.effective(), idle_of[user_id])
+    if missing:
+        stored = await read_statuses_async(environment_id, missing)
+        for user_id in missing:
+            status = stored.get(user_id, Status())
+            found[user_id] = (status.effective(), idle_of[user_id])
+        if replies is not None:
+            await _write_cache(environment_id, [(user_id, stored.get(user_id, Status())) for user_id in missing])
+    return found
+
+
+async def _write_cache(environment_id: str, statuses: Iterable[tuple[str, Status]]) -> None:
+    store = actions.service().store
+
+    async def work() -> None:
+        pipe = store.client.pipeline(transaction=False)
+        for user_id, status in statuses:
+            pipe.hset(status_key(environment_id, user_id), mapping=status.cache_fields())
+        await pipe.execute()
+
+    await store.call("status_write", work)
+
+
+async def _cache_and_idle(environment_id: str, user_id: str, status: Status) -> bool:
+    """Write the user's status to the cache and read their idle, in one round trip."""
+    store = actions.service().store
+    key = status_key(environment_id, user_id)
+
+    async def work() -> list:
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hset(key, mapping=status.cache_fields())
+        pipe.hget(key, "idle")
+        return await pipe.execute()
+
+    replies = await store.call("status_write", work)
+    return replies is not None and replies[1] is not None and as_text(replies[1]) == "1"
+
+
+def forget_cached(environment_id: str, user_id: str) -> None:
+    """Drop the Redis copy of a status changed outside `set_status` (admin): the next read refills it."""
+    try:
+        sync_client().hdel(status_key(environment_id, user_id), "s", "t", "e", "u", "i")
+    except Exception as error:
+        record_failure("status_forget", error)
+
+
+# ── announcing ───────────────────────────────────────────────────────────────
+def _status_message(user_id: str, status: Status, idle: bool, change: str, channel: str | None, copies: int) -> dict:
+    message = {
+        "type": STATUS_CHANGE,
+        "user": user_id,
+        "status": status.status,
+        "text": status.text,
+        "emoji": status.emoji,
+        "until": format_instant(status.until) or "",
+        "idle": idle,
+        "invisible": status.invisible,
+        "change": change,
+        "copies": copies,
+    }
+    if channel is not None:
+        message["channel"] = channel
+    return message
+
+
+def status_sends(
+    environment_id: str, user_id: str, status: Status, idle: bool, channels: Sequence[str], *, watchers: bool = True
+) -> list[tuple[str, dict]]:
+    """A status change as group messages: one per channel (for watchers, unless invisible), one for the user."""
+    change = str(uuid.uuid4())
+    sends = []
+    if watchers and not status.invisible:
+        sends = [
+            (group_name(channel), _status_message(user_id, status, idle, change, channel, len(channels)))
+            for channel in channels
+        ]
+    sends.append((user_group(environment_id, user_id), _status_message(user_id, status, idle, change, None, 1)))
+    return sends
+
+
+def transition_sends(user_id: str, state: State, channels: Sequence[str]) -> list[tuple[str, dict]]:
+    """An `online`/`offline` for everyone but the user's own connections (turning invisible or back)."""
+    transition = str(uuid.uuid4())
+    return [
+        (
+            group_name(channel),
+            transition_message(user_id, state, transition, channel, copies=len(channels), skip=user_id),
+        )
+        for channel in channels
+    ]
+
+
+async def publish_if_online(environment_id: str, user_id: str, sends: list[tuple[str, dict]]) -> bool | None:
+    """PUBLISH `sends` if, and only if, the user is online now (one script); None when Redis failed."""
+    if not sends:
+        return True
+    store = actions.service().store
+    publications = channel_layer().publications(sends, store.url)
+    if publications is None:
+        # The groups live on another Redis: check, then send through the layer.
+        online = await store.online(environment_id, [user_id])
+        if not online:
+            return None if online is None else False
+        try:
+            await channel_layer().group_send_many(sends)
+        except Exception as error:
+            record_failure("status_publish", error)
+            return None
+        return True
+    script = _script(store, ANNOUNCE)
+    args = [part for pair in publications for part in pair]
+    reply = await store.call("status_publish", lambda: script(keys=[presence_key(environment_id, user_id)], args=args))
+    return None if reply is None else bool(reply)
+
+
+async def announce_change(environment_id: str, user_id: str, change: Change, idle: bool) -> None:
+    """Tell watchers and the user's own connections what a set changed."""
+    before, after, channels = change.before, change.after, change.channels
+    sends: list[tuple[str, dict]] = []
+    if after.invisible and not before.invisible:
+        sends += transition_sends(user_id, "offline", channels)
+        sends += status_sends(environment_id, user_id, after, idle, channels, watchers=False)
+    elif before.invisible and not after.invisible:
+        sends += transition_sends(user_id, "online", channels)
+        sends += status_sends(environment_id, user_id, after, idle, channels, watchers=not after.is_default)
+    else:
+        sends += status_sends(
+            environment_id, user_id, after, idle, channels, watchers=before.chosen() != after.chosen()
+        )
+    await publish_if_online(environment_id, user_id, sends)
+    if before.invisible != after.invisible:
+        log_event(logger, "presence.visibility", user=user_id, invisible=after.invisible)
+
+
+async def set_status(
+    environment_id: str, user: User, payload: PresenceSet, channels: Iterable[str] | None = None
+) -> tuple[Status, bool]:
+    """Store a set, refresh the cache and announce it; raise Forbidden (nothing changed)."""
+    change = await write_status_async(environment_id, user, payload, None if channels is None else list(channels))
+    held = actions.service().held.get((environment_id, user.external_id))
+    if held is not None:
+        # A re-election after Redis lost the key announces `online` to whom the user is visible.
+        held.invisible = change.after.invisible
+    idle = await _cache_and_idle(environment_id, user.external_id, change.after)
+    await announce_change(environment_id, user.external_id, change, idle)
+    return change.after, idle
+
+
+async def announce_idle(environment_id: str, user_id: str, idle: bool) -> None:
+    """The user's idle flipped: tell watchers (if visible) and their own connections."""
+    status, _ = (await cached_statuses(environment_id, [user_id]))[user_id]
+    channels = sorted(await actions.read_channel_ids(environment_id, user_id))
+    await publish_if_online(environment_id, user_id, status_sends(environment_id, user_id, status, idle, channels))
+
+
+# ── the connections' devices and idle ────────────────────────────────────────
+async def devices_op(environment_id: str, user_id: str, op: str, ttl: int, *args: str) -> tuple[bool, bool] | None:
+    """Run one devices op; (idle changed, idle now), or None when Redis failed."""
+    store = actions.service().store
+    script = _script(store, DEVICES_SCRIPT)
+    keys = [devices_key(environment_id, user_id), status_key(environment_id, user_id)]
+    reply = await store.call("devices", lambda: script(keys=keys, args=[op, ttl, *args]))
+    if reply is None:
+        return None
+    return bool(reply[0]), bool(reply[1])
+
+
+_scripts: "weakref.WeakKeyDictionary[PresenceStore, dict[str, AsyncScript]]" = weakref.WeakKeyDictionary()
+
+
+def _script(store: PresenceStore, source: str) -> AsyncScript:
+    """The store's client's handle on a script, made once (it carries the SHA the calls use)."""
+    scripts = _scripts.setdefault(store, {})
+    script = scripts.get(source)
+    if script is None:
+        script = scripts[source] = store.client.register_script(source)
+    return script
+
+
+def live_ttl() -> int:
+    """How long a live connection's entry counts without a refresh: the presence TTL, then the grace."""
+    return settings.RELAY_PRESENCE_TTL_MS + settings.RELAY_PRESENCE_GRACE_MS
+
+
+def read_devices(environment_id: str, user_id: str) -> list[dict] | None:
+    """The user's counted connections, oldest first: `{"device", "idle", "connected_at"}` (sync)."""
+    try:
+        client = sync_client()
+        now_seconds, now_micros = client.time()
+        entries = client.hgetall(devices_key(environment_id, user_id))
+    except Exception as error:
+        record_failure("devices_read", error)
+        return None
+    now = now_seconds * 1000 + now_micros // 1000
+    connections = []
+    for value in entries.values():
+        device, idle, connected, expires = _text(value).split("|")
+        if int(expires) >= now:
+            connections.append((int(connected), device, idle == "1"))
+    return [
+        {"device": device, "idle": idle, "connected_at": format_instant(_from_ms(connected))}
+        for connected, device, idle in sorted(connections)
+    ]
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+# Where a connection keeps its device, its idle flag and when it connected (Redis ms).
+DEVICE_KEY = "presence.device"
+
+
+# Slots: one of these lives on every connection.
+@dataclass(slots=True)
+class Device:
+    kind: str
+    idle: bool
+    connected_ms: int
+
+
+def entry(conn: object) -> tuple[str, str]:
+    """The connection's (id, `device|idle|connected at ms`) for DEVICES_SCRIPT's `put`."""
+    device: Device = conn.state[DEVICE_KEY]
+    return conn.connection_id, f"{device.kind}|{int(device.idle)}|{device.connected_ms}"
+
+
+class Devices:
+    """This event loop's connections for rich presence: refresh of their entries and the expiry sweep."""
+
+    def __init__(self) -> None:
+        self.connections: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
+        self._task: asyncio.Task | None = None
+
+    def add(self, conn: object) -> None:
+        self.connections[conn.connection_id] = conn
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._every_interval())
+
+    def discard(self, conn: object) -> bool:
+        """Forget `conn`; True when it was here (it had opened)."""
+        return self.connections.pop(conn.connection_id, None) is not None
+
+    async def _every_interval(self) -> None:
+        service = actions.service()
+        while self.connections and not service.closed:
+            await service.clock.sleep(settings.RELAY_PRESENCE_REFRESH_MS / 1000)
+            try:
+                await self.refresh()
+                await expire_due()
+            except Exception as error:
+                record_failure("status_tick", error)
+
+    async def refresh(self) -> None:
+        """Keep every local connection's entry counting (one script per user)."""
+        by_user: dict[tuple[str, str], list[str]] = {}
+        for conn in list(self.connections.values()):
+            by_user.setdefault((conn.environment_id, conn.user_id), []).extend(entry(conn))
+        for (environment_id, user_id), pairs in by_user.items():
+            changed = await devices_op(environment_id, user_id, "put", live_ttl(), *pairs)
+            # Whoever's script sees the flip announces it: a closed connection's entry ends
+            # without a script of its own if a refresh of the user's others gets there first.
+            if changed is not None and changed[0]:
+                await announce_idle(environment_id, user_id, changed[1])
+
+
+_devices: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Devices]" = weakref.WeakKeyDictionary()
+
+
+def devices() -> Devices:
+    loop = asyncio.get_running_loop()
+    found = _devices.get(loop)
+    if found is None:
+        found = _devices[loop] = Devices()
+    return found
+
+
+# ── expiry ───────────────────────────────────────────────────────────────────
+def claim_expired(now: datetime) -> list[tuple[str, User, Status]]:
+    """Reset every status whose `until` passed; each row is reset by one conditional update, so
+    of several instances sweeping at once exactly one claims (and announces) each expiry."""
+    claimed = []
+    for row in UserStatus.objects.filter(until__lte=now).select_related("user")[:500]:
+        if UserStatus.objects.filter(pk=row.pk, until=row.until).update(
+            status="available", text="", emoji="", until=None
+        ):
+            row.status, row.text, row.emoji, row.until = "available", "", "", None
+            claimed.append((str(row.user.environment_id), row.user, Status.of(row)))
+    return claimed
+
+
+claim_expired_async = database_sync_to_async(claim_expired, thread_sensitive=False)
+
+
+async def expire_due() -> None:
+    """Reset and announce the statuses whose `until` passed (run every refresh interval)."""
+    for environment_id, user, status in await claim_expired_async(timezone.now()):
+        await _write_cache(environment_id, [(user.external_id, status)])
+        idle = (await cached_statuses(environment_id, [user.external_id]))[user.external_id][1]
+        channels = sorted(await actions.read_channel_ids(environment_id, user.external_id))
+        sends = status_sends(environment_id, user.external_id, status, idle, channels)
+        await publish_if_online(environment_id, user.external_id, sends)
+        log_event(logger, "presence.status_expired", user=user.external_id)
+
+
+# ── rate ─────────────────────────────────────────────────────────────────────
+def check_rate(connection_id: str, frame_type: str) -> None:
+    """Raise FrameError `rate_limited` past RATE presence.set + presence.activity frames on one connection."""
+    if _limiter.hit(RATE, connection_id):
+        return
+    reset = _limiter.get_window_stats(RATE, connection_id).reset_time
+    retry = max(1, int((reset - time.time()) * 1000))
+    raise RateLimited(retry, frame_type)
+
+
+def forget_rate(connection_id: str) -> None:
+    _limiter.clear(RATE, connection_id)
+
+
+class RateLimited(FrameError):
+    """Too many presence updates on one connection; `retry_after_ms` says when the next is taken."""
+
+    def __init__(self, retry_after_ms: int, frame_type: str) -> None:
+        super().__init__("rate_limited", "too many presence updates; slow down", frame_type, retry_after_ms)

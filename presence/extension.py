@@ -70,8 +70,8 @@ class PresenceExtension(registry.Extension):
         else:
             # The database hop could not read the co-members: read them (and their keys) now.
             online = await reads.snapshot(conn)
-        online, statuses = await handlers.snapshot_status(conn, online or [])
-        snapshot = PresenceSnapshot(online=online, status=statuses)
+        shown, statuses = await handlers.snapshot_status(conn, online or [])
+        snapshot = PresenceSnapshot(online=shown, status=statuses)
         if occupancy:
             snapshot["occupancy"] = occupancy
         await conn.send_frame("presence.snapshot", snapshot)

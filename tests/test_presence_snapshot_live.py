@@ -109,7 +109,7 @@ async def test_a_watcher_that_connected_while_presence_redis_was_down_learns_who
         presence_redis.stop()
         linh = await connect(a, acme, "linh")
         await logged(a, "presence.failed", op="admit")
-        assert linh.of_type("presence.snapshot") == [{"online": []}]
+        assert linh.of_type("presence.snapshot") == [{"online": [], "status": {}}]
 
         presence_redis.start()
         await linh.wait_for(lambda client: "tuan" in view(client))

@@ -26,7 +26,7 @@ from relay import registry
 from relay.exceptions import FrameError
 from relay.frames import ErrorPayload, Signal, SignalSend
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import Channel
 from relay.registry import Connection
 
@@ -83,7 +83,7 @@ async def signal_sent(conn: Connection, event: dict) -> None:
     try:
         frame = Signal(channel=str(event["channel"]), user=str(event["user"]), name=event["name"], data=event["data"])
     except KeyError:
-        log_event(logger, "signal.invalid_event", logging.ERROR, connection_id=conn.connection_id)
+        log_event(logger, Event.SIGNAL_INVALID_EVENT, logging.ERROR, connection_id=conn.connection_id)
         return
     # A removed member stops hearing the channel at once, even events already queued for it.
     if frame["channel"] not in conn.channel_ids or frame["user"] == conn.user_id:

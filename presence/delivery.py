@@ -234,11 +234,11 @@ class Fanout:
                     await conn.send_frame(frame_type, payload)
             except Exception as error:
                 metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
-                log_event(logger, "presence.failed", logging.ERROR, op="deliver", error=type(error).__name__)
+                log_event(logger, Event.PRESENCE_FAILED, logging.ERROR, op="deliver", error=type(error).__name__)
 
     def _recheck_failed(self, error: Exception) -> None:
         metrics.PRESENCE_FAILURES.labels(op="recheck").inc()
-        log_event(logger, "presence.failed", logging.ERROR, op="recheck", error=type(error).__name__)
+        log_event(logger, Event.PRESENCE_FAILED, logging.ERROR, op="recheck", error=type(error).__name__)
 
     async def recheck(self) -> None:
         """Once a refresh interval: switch channels that crossed the threshold, and resend changed counts.

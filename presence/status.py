@@ -46,7 +46,7 @@ from presence.store import PresenceStore, as_text, record_failure
 from relay.exceptions import FrameError
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.models import Environment, User
 
 logger = logging.getLogger("presence")
@@ -392,7 +392,7 @@ async def announce_change(environment_id: str, user_id: str, change: Change, idl
         )
     await publish_if_online(environment_id, user_id, sends)
     if before.invisible != after.invisible:
-        log_event(logger, "presence.visibility", user=user_id, invisible=after.invisible)
+        log_event(logger, Event.PRESENCE_VISIBILITY, user=user_id, invisible=after.invisible)
 
 
 async def set_status(
@@ -563,7 +563,7 @@ async def expire_due() -> None:
         channels = sorted(await actions.read_channel_ids(environment_id, user.external_id))
         sends = status_sends(environment_id, user.external_id, status, idle, channels)
         await publish_if_online(environment_id, user.external_id, sends)
-        log_event(logger, "presence.status_expired", user=user.external_id)
+        log_event(logger, Event.PRESENCE_STATUS_EXPIRED, user=user.external_id)
 
 
 # ── rate ─────────────────────────────────────────────────────────────────────

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from webhooks import addresses, metrics, signing
 from webhooks.models import Delivery, Endpoint
 
@@ -194,7 +194,7 @@ def _report(outcome: Outcome, status: str) -> None:
         metrics.DELIVERIES.labels(outcome="delivered").inc()
         log_event(
             logger,
-            "webhook.delivered",
+            Event.WEBHOOK_DELIVERED,
             endpoint=endpoint_id,
             status=outcome.status_code,
             attempt=attempt,
@@ -205,7 +205,7 @@ def _report(outcome: Outcome, status: str) -> None:
     metrics.DELIVERIES.labels(outcome=label).inc()
     log_event(
         logger,
-        "webhook.failed",
+        Event.WEBHOOK_FAILED,
         logging.WARNING,
         endpoint=endpoint_id,
         status=outcome.status_code,

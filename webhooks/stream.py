@@ -32,7 +32,7 @@ from redis.backoff import NoBackoff
 
 from presence.keys import BUCKETS, bucket_tag, channel_tag, user_bucket
 from relay import redis_clients
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from webhooks import events, metrics
 
 logger = logging.getLogger("webhooks")
@@ -280,7 +280,7 @@ class Consumer:
         environment_id = fields.get("e", "")
         user_id = fields.get("u", "")
         if event_type not in (events.USER_ONLINE, events.USER_OFFLINE) or not environment_id or not user_id:
-            log_event(logger, "webhook.invalid_entry", logging.ERROR, stream=key, entry=entry_id)
+            log_event(logger, Event.WEBHOOK_INVALID_ENTRY, logging.ERROR, stream=key, entry=entry_id)
             return None
         timestamp = events.iso_ms(int(entry_id.partition("-")[0]))
         data: dict = {"user": user_id}
@@ -307,6 +307,6 @@ async def run_consumer(consumer: Consumer, stopping: asyncio.Event) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            log_event(logger, "webhook.stream_failed", logging.ERROR, error=type(error).__name__)
+            log_event(logger, Event.WEBHOOK_STREAM_FAILED, logging.ERROR, error=type(error).__name__)
             consumer._grouped = False
             await asyncio.sleep(1.0)

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from webhooks import addresses, delivery, events, metrics, stream
 
 logger = logging.getLogger("webhooks")
@@ -124,7 +124,7 @@ class Worker:
                 stream.known.ids = await read()
                 metrics.ENVIRONMENTS.set(len(stream.known.ids))
             except Exception as error:
-                log_event(logger, "webhook.environments_failed", logging.ERROR, error=type(error).__name__)
+                log_event(logger, Event.WEBHOOK_ENVIRONMENTS_FAILED, logging.ERROR, error=type(error).__name__)
             await self._pause(stream.REFRESH_ENVIRONMENTS_S)
 
     async def _consume(self) -> None:
@@ -145,7 +145,7 @@ class Worker:
             try:
                 rows = await claim(free, saturated)
             except Exception as error:
-                log_event(logger, "webhook.claim_failed", logging.ERROR, error=type(error).__name__)
+                log_event(logger, Event.WEBHOOK_CLAIM_FAILED, logging.ERROR, error=type(error).__name__)
                 rows = []
             for row in rows:
                 self.in_flight[row.endpoint_id] = self.in_flight.get(row.endpoint_id, 0) + 1
@@ -198,7 +198,7 @@ class Worker:
                 self.leased.difference_update(outcome.claimed.id for outcome in batch)
             except Exception as error:
                 # Unrecorded attempts are retried when their lease lapses (same webhook-id).
-                log_event(logger, "webhook.record_failed", logging.ERROR, error=type(error).__name__)
+                log_event(logger, Event.WEBHOOK_RECORD_FAILED, logging.ERROR, error=type(error).__name__)
                 await self._pause(POLL_S)
 
     async def _pause(self, seconds: float) -> None:
@@ -222,7 +222,7 @@ class Worker:
                     await on_webhook_threads(delivery.release)(sorted(self.leased))
         except Exception as error:
             # Their leases lapse instead: later, never lost.
-            log_event(logger, "webhook.release_failed", logging.ERROR, error=type(error).__name__)
+            log_event(logger, Event.WEBHOOK_RELEASE_FAILED, logging.ERROR, error=type(error).__name__)
         await self.client.close()
         await self.consumer.close()
 

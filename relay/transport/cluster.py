@@ -43,7 +43,7 @@ from channels_redis.utils import _wrap_close
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 
-from relay.logging import log_event
+from relay.logging import Event, log_event
 from relay.transport.pubsub import (
     CONFIRM_SECONDS,
     RECONNECT_SECONDS,
@@ -279,7 +279,7 @@ class ShardedSubscriptions:
             return
         if error is not None and not self._disconnected:
             self._disconnected = True
-            log_event(logger, "layer.disconnected", logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
+            log_event(logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
         if self._resync is not None and not self._resync.done():
             self._resync_again = True
             return
@@ -314,7 +314,7 @@ class ShardedSubscriptions:
             await asyncio.sleep(RECONNECT_SECONDS)
         if self._disconnected:
             self._disconnected = False
-            log_event(logger, "layer.reconnected")
+            log_event(logger, Event.LAYER_RECONNECTED)
 
     async def _resubscribe(self) -> bool:
         """Re-read the slot map and subscribe what is not held where it is served; True once all are confirmed."""

@@ -175,7 +175,9 @@ class World:
         self.database = workdir / "bench.sqlite3"
         os.environ["DATABASE_URL"] = f"sqlite:///{self.database}"
         os.environ["RELAY_REDIS_URL"] = redis_url
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
+        # Relay's own settings, as deployed, also when the suite runs the smoke (pytest-django
+        # exports the suite's settings, which switch off what in-process tests start themselves).
+        os.environ["DJANGO_SETTINGS_MODULE"] = "relay.settings"
         # DEBUG is off, as deployed, so the servers (which inherit this environment) need a key.
         os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_urlsafe(48))
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=BASE_DIR, check=True)

@@ -255,20 +255,22 @@ async def test_a_cluster_with_a_password_takes_it_and_a_layer_without_it_gets_no
             for options in ({"password": secret}, {"password": secret}, {})
         )
         layers += [here, elsewhere, stranger]
-        channel = await here.new_channel()
-        await here.group_add_many(GROUPS, channel)
-        await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
+        # Bounded: a step that never returns fails here, naming itself, instead of holding the suite.
+        channel = await asyncio.wait_for(here.new_channel(), 30)
+        await asyncio.wait_for(here.group_add_many(GROUPS, channel), 30)
+        sends = [(group, {"type": "t", "group": group}) for group in GROUPS]
+        await asyncio.wait_for(elsewhere.group_send_many(sends), 30)
         received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
         assert sorted(message["group"] for message in received) == sorted(GROUPS)
         # Without the password: refused, said once in the log, the password nowhere in it.
         with pytest.raises(redis.RedisClusterException, match="Authentication required"):
-            await stranger.group_send(GROUPS[0], {"type": "intruder"})
-        await stranger.new_channel()
+            await asyncio.wait_for(stranger.group_send(GROUPS[0], {"type": "intruder"}), 30)
+        await asyncio.wait_for(stranger.new_channel(), 30)
         await until(lambda: _logged(caplog, "layer.disconnected"))
         assert all(secret not in record.getMessage() + str(event_fields(record)) for record in caplog.records)
         assert ping_cluster(nodes, password=secret) == "ok"
         assert ping_cluster(nodes) != "ok"
     finally:
         for layer in layers:
-            await layer.flush()
+            await asyncio.wait_for(layer.flush(), 30)
         cluster.close()

@@ -63,10 +63,12 @@ class RichPresence(registry.Extension):
             invisible = await actions.read_invisible(conn.environment_id, conn.user_id)
         conn.state[actions.INVISIBLE_KEY] = invisible
         conn.state[DEVICE_KEY] = Device(kind=kind, idle=False, connected_ms=_now_ms())
-        # Only the user's own connections join it: it carries their status with `invisible`.
-        await channel_layer().group_add(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
 
     async def opened(self, conn: Connection) -> None:
+        # Only the user's own connections join it: it carries their status with `invisible`.
+        # Joined once the socket is open: with Redis away a subscription waits for its
+        # confirmation, and one more wait before the accept would pass Daphne's handshake timeout.
+        await channel_layer().group_add(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
         # After the election, not before: nothing of rich presence may delay (or reorder) it.
         status.devices().add(conn)
         changed = await status.devices_op(

@@ -492,7 +492,7 @@ def test_the_browser_client_sends_a_cursor_too_long_for_a_url_as_the_first_frame
         page.evaluate(RUN_CLIENT_WITH, [server.url, {"cursor": cursor}])
         page.wait_for_function("window.seen.length === 1", timeout=WAIT_MS)
         assert page.evaluate("window.seen") == [3]
-        assert server.connections[0].query == {"token": "t", "resume": "frame"}
+        assert server.connections[0].query == {"token": "t", "resume": "frame", "device": "web"}
         page.evaluate("window.client.close()")
 
 

@@ -83,12 +83,14 @@ class RichPresence(registry.Extension):
         opened = status.devices().discard(conn)
         status.forget_rate(conn.connection_id)
         await channel_layer().group_discard(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
-        if not opened:
+        service = actions.service()
+        # A shutdown closes the store's client under the closing consumers: their entries are
+        # left to expire with the instance's keys (presence/shutdown.py).
+        if not opened or service.closed:
             return
         grace = settings.RELAY_PRESENCE_GRACE_MS
         await status.devices_op(conn.environment_id, conn.user_id, "close", grace, conn.connection_id)
         # The entry stops counting after the grace: whether that flips idle is decided then.
-        service = actions.service()
         delay = (grace + settings.RELAY_PRESENCE_MARGIN_MS) / 1000
         service.spawn(_sweep_later(service, conn.environment_id, conn.user_id, delay))
 

@@ -379,6 +379,9 @@ async def test_a_stopped_instance_publishes_nothing_after_and_a_survivor_decides
     await logged(a, "presence.published", user="tuan", state="offline")
     assert [line["state"] for line in lines([b], "presence.published", user="tuan")] == ["online"]
     assert [line["state"] for line in lines([a], "presence.published", user="tuan")] == ["offline"]
+    # hermit's socket went with b, whose hooks found the store closing instead of failing under it.
+    assert lines([b], "connection.opened", user="hermit")
+    assert lines([b], "connection.hook_failed") == []
     probe = await barrier(a, acme, [linh])
     assert states(linh, "tuan") == ["online", "offline"]
     await close_all(linh, held, hermit, probe)

@@ -278,9 +278,11 @@ def daphne(
     app: str = "relay.asgi:application",
     under: str = "",
     ready_seconds: float = 60,
+    options: str = "",
     **env: str,
 ) -> Server:
-    """A Daphne process serving `app` (`under`: a command line it runs inside, such as valgrind's)."""
+    """A Daphne process serving `app` (`under`: a command line it runs inside, such as valgrind's;
+    `options`: more of Daphne's command-line options)."""
     from devtools.embedded_redis import free_port
 
     port = free_port()
@@ -290,7 +292,8 @@ def daphne(
     argv = [
         "bash",
         "-c",
-        f'ulimit -n "$(ulimit -Hn)"; exec {under} "{sys.executable}" -m relay.serve -b 127.0.0.1 -p {port} {app}',
+        f'ulimit -n "$(ulimit -Hn)"; exec {under} "{sys.executable}" -m relay.serve'
+        f" -b 127.0.0.1 -p {port} {options} {app}",
     ]
     return Server(name, argv, child_env, workdir, port).wait_ready(ready_seconds)
 

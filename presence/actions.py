@@ -391,7 +391,7 @@ class PresenceService:
         self._refreshing = asyncio.get_running_loop().create_future()
         try:
             reply = await self.store.refresh(sent)
-            await self.store.channels_seen(seen, self.timings.ttl)
+            await self.store.channels_seen(seen, self.timings.seen_for)
         finally:
             self._refreshing.set_result(None)
             self._refreshing = None
@@ -423,15 +423,17 @@ class PresenceService:
             if reaped is None:
                 return
             unpublished = []
-            # The channels' online sets need nothing here: a reaped user's entries were last
-            # renewed a TTL + grace ago, so they have expired already.
             departed: list[Subject] = []
+            # A reaped user's entries in their channels' online sets outlast the decision
+            # (Timings.seen_for): taken out now, as the grace check takes out its user's.
+            gone: list[tuple[str, list[str]]] = []
             for name, won, channels in reaped.decided:
                 subject = split_member(name)
                 if not won:
                     suppressed(subject[1], "offline", ANOTHER_PUBLISHED)
                     continue
                 departed.append(subject)
+                gone.append((subject[1], channels))
                 if prefix is not None:
                     self._owed.pop(subject, None)
                     _published(*subject, "offline", len(channels))
@@ -441,6 +443,7 @@ class PresenceService:
                 # Their holder died silently: the deadline passed just now, so "last seen" is about
                 # now. Written beside the reaping, never in its way.
                 self.spawn(self._last_seen(departed, time.time()))
+            await self.store.channels_gone(gone, reaped.decided_ms)
             await self._publish_in_turn(unpublished)
             if reaped.due < REAP_BATCH:
                 return

@@ -24,7 +24,7 @@ from presence.fabric import group_name, transition_message
 from presence.queries import is_invisible, large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
 from presence.scripts import ANNOUNCE, CHANNEL_SEEN, CHANNEL_UNSEEN, channel_online_key, presence_key
-from presence.store import record_failure
+from presence.store import Timings, record_failure
 from relay import metrics
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
@@ -81,7 +81,7 @@ def join_online_set(environment_id: str, user_id: str, channel_id: str) -> None:
     try:
         client = sync_client()
         score = client.register_script(CHANNEL_SEEN)(
-            keys=[key], args=[settings.RELAY_PRESENCE_TTL_MS, "score", user_id]
+            keys=[key], args=[Timings.from_settings().seen_for, "score", user_id]
         )
         if not client.exists(presence_key(environment_id, user_id)):
             # Only this write's entry: one a connect renewed meanwhile scores higher and stays.

@@ -90,6 +90,8 @@ class Reaped:
     due: int
     # (member, won the offline election, the channel ids kept beside the deadline)
     decided: list[tuple[str, bool, list[str]]]
+    # When the script decided them (Redis ms): the bound of their channel entries' removal.
+    decided_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,18 @@ class Timings:
         one refresh later), so the reaper finds the marker of a normal close and stays quiet
         instead of publishing a second `offline`. A longer life is harmless: a marker only ever
         stands while the last published state is `offline`, and the next `online` deletes it.
+        """
+        return self.ttl + self.grace + self.margin + 2 * self.refresh
+
+    @property
+    def seen_for(self) -> int:
+        """How long a holder's write keeps a user in their channels' online sets (CHANNEL_SEEN).
+
+        Past the reaper's decision (last refresh + TTL + grace, taken up to a refresh later): a
+        dead instance's users must stay listed until their `offline` is said, since one who
+        comes back before it publishes nothing. Whoever decides `offline` takes the entries out
+        (`channels_gone`); every holder writes this same length, so an entry scored below the
+        decision + this was written before the decision.
         """
         return self.ttl + self.grace + self.margin + 2 * self.refresh
 
@@ -240,7 +254,7 @@ class PresenceStore:
         def work() -> Awaitable[list]:
             # Submitted together, so they go in one pipeline, the election first.
             seen = [
-                self._seen(channel_id, t.ttl, "count" if channel_id in large else "members", [user_id])
+                self._seen(channel_id, t.seen_for, "count" if channel_id in large else "members", [user_id])
                 for channel_id in channels
             ]
             return asyncio.gather(self._script(self._admit, keys, args), *seen)
@@ -356,9 +370,9 @@ class PresenceStore:
             return None
         decided = [
             (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
-            for i in range(1, len(reply), 3)
+            for i in range(2, len(reply), 3)
         ]
-        return Reaped(due=int(reply[0]), decided=decided)
+        return Reaped(due=int(reply[0]), decided=decided, decided_ms=int(reply[1]))
 
     async def channels_seen(self, seen: dict[str, list[str]], for_ms: int, op: str = "channels_seen") -> None:
         """Mark each channel's users online for `for_ms` from now (GT: never shortening), one script per channel."""
@@ -397,8 +411,8 @@ class PresenceStore:
 
         async def work() -> None:
             if decided_ms is not None:
-                # An entry written at the decision's own time or later lasts until then + TTL or longer.
-                bound = decided_ms + self.timings.ttl
+                # An entry written at the decision's own time or later lasts until then + seen_for or longer.
+                bound = decided_ms + self.timings.seen_for
                 unseen = [self._script(self._channel_unseen, [channel_online_key(c)], [bound, u]) for c, u in removals]
                 await asyncio.gather(*unseen)
                 return

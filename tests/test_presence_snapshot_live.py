@@ -16,7 +16,19 @@ from devtools.embedded_redis import EmbeddedRedis
 from presence import actions
 from presence.scripts import channel_online_key
 from presence.store import presence_key
-from tests.support import TTL, add_channel, barrier, close_all, connect, http, logged, timings, until
+from tests.support import (
+    TTL,
+    add_channel,
+    add_user,
+    barrier,
+    close_all,
+    connect,
+    heard,
+    http,
+    logged,
+    timings,
+    until,
+)
 
 pytestmark = pytest.mark.live
 
@@ -50,11 +62,6 @@ async def test_a_watcher_connecting_between_the_grace_and_its_check_sees_a_user_
     await close_all(linh, back, probe)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a channel's online set lets a dead instance's users go at the TTL, before the reaper decides "
-    "(TTL + grace); a user back in between publishes nothing, so the snapshot read then misses them for good",
-)
 async def test_a_watcher_connecting_after_a_dead_instances_key_expired_sees_a_user_who_returns(
     live_instances, acme, redis_client
 ):
@@ -72,6 +79,23 @@ async def test_a_watcher_connecting_after_a_dead_instances_key_expired_sees_a_us
     assert "tuan" in view(linh)
     assert linh.changes("tuan") == []
     await close_all(linh, back, probe, tuan)
+
+
+async def test_a_dead_instances_user_leaves_the_snapshot_once_the_reaper_says_offline(live_instances, acme):
+    # A dead instance's users stay in their channels' online sets past the TTL (until the reaper
+    # decides); the reaper's decision takes them out, so a watcher connecting after the `offline`
+    # does not list them.
+    a, b = live_instances(2, **timings())
+    await add_user(acme, "mai", ("fleet",))
+    tuan = await connect(b, acme, "tuan")
+    linh = await connect(a, acme, "linh")
+    b.kill()
+    assert await heard(linh, "tuan", 1) == ["offline"]
+
+    mai = await connect(a, acme, "mai")
+
+    assert mai.of_type("presence.snapshot")[0]["online"] == ["linh", "mai"]
+    await close_all(linh, mai, tuan)
 
 
 async def test_a_member_added_between_the_grace_and_its_check_is_told_of_a_user_who_returns(

@@ -257,15 +257,18 @@ return epoch
 # This script is delicate: it and REAP share the marker that elects exactly one `offline`.
 #
 # KEYS: key, marker, deadlines, channels, epoch. ARGV: marker ttl, member, the epoch the close
-# saw, fresh epoch, then (channel, payload) pairs to PUBLISH if this caller wins.
+# saw, fresh epoch, the check's token (its transition id, the same on every retry), then
+# (channel, payload) pairs to PUBLISH if this caller wins.
 # Returns {0} = still online, {1, now} = won the right to publish `offline` (at `now`, Redis ms:
 # the user's entries in their channels' online sets written before it are theirs to remove, any
 # written after it are a return's), {2} = another instance
 # (or the reaper) already did, {3, epoch} = Redis lost its data since the close (the epoch
-# differs): decide nothing now, since the live holders re-elect the key at their next refresh.
+# differs): decide nothing now, since the live holders re-elect the key at their next refresh,
+# {4, now} = this very check won before and its reply was lost (the marker holds its token):
+# nothing is PUBLISHed again, and a caller that publishes after the reply still owes it.
 # The winner takes the user's deadline: a deadline only stands while the last word said of the
 # user is `online` (ADMIT relies on it). Webhooks: with a 6th key (the user's bucket stream), ARGV
-# 5 and 6 are the user's channel ids (comma-separated) and when they were last seen (unix ms),
+# 6 and 7 are the user's channel ids (comma-separated) and when they were last seen (unix ms),
 # the pairs follow, and the winner's `user.offline` is XADDed there too.
 #
 # Equivalent Python:
@@ -275,13 +278,15 @@ return epoch
 #     if key in redis:
 #         return [0]
 #     if marker not in redis:
-#         redis[marker] = expiring(marker_ttl)
+#         redis[marker] = expiring(marker_ttl, value=token)
 #         del deadlines[member], redis[channels]
 #         if stream:                                       # webhooks: the event, with the decision
 #             redis.xadd(stream, t="user.offline", e=env, u=user, c=channel_ids, l=last_seen)
 #         for channel, payload in publish:
 #             redis.publish(channel, payload)
 #         return [1, now]
+#     if redis[marker] == token:                           # decided by this check, reply lost
+#         return [4, now]
 #     return [2]
 GRACE_CHECK = (
     _NOW
@@ -293,21 +298,27 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0}
 end
-if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
+-- The marker holds the check's token: a retry of a check whose reply was lost knows its own.
+if redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[1], 'NX') then
   redis.call('ZREM', KEYS[3], ARGV[2])
   redis.call('DEL', KEYS[4])
-  local first = 5
+  local first = 6
   -- webhooks: the event, atomic with the decision
   if KEYS[6] then
-    first = 7
+    first = 8
     redis.call('XADD', KEYS[6], '*', 't', 'user.offline', 'e', string.sub(ARGV[2], 1, 36),
-      'u', string.sub(ARGV[2], 38), 'c', ARGV[5], 'l', ARGV[6])
+      'u', string.sub(ARGV[2], 38), 'c', ARGV[6], 'l', ARGV[7])
   end
   for i = first, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
   return {1, now}
 end
+-- (lost reply, begin)
+if redis.call('GET', KEYS[2]) == ARGV[5] then
+  return {4, now}
+end
+-- (end)
 return {2}
 """
 )

@@ -294,11 +294,13 @@ class PresenceStore:
         publish: Sequence[tuple[str, bytes]] = (),
         channels: Sequence[str] = (),
         last_seen_ms: int | None = None,
+        token: str | None = None,
     ) -> tuple[int, str | None, int | None] | None:
         """(0, _, _) = still online somewhere, (1, _, when) = this caller publishes `offline`, decided
         at `when` (Redis ms), (2, _, _) = someone else did, (3, epoch now, _) = Redis lost its data
-        since the close, which saw `epoch`: ask again after a refresh interval, in the new epoch.
-        None when Redis did not answer.
+        since the close, which saw `epoch`: ask again after a refresh interval, in the new epoch,
+        (4, _, when) = an earlier try of this check (the same `token`; one of its own when None)
+        decided, and its reply was lost: nothing was PUBLISHed now. None when Redis did not answer.
 
         Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip;
         so is the webhook event (with `channels` and `last_seen_ms`) when the environment listens.
@@ -312,6 +314,7 @@ class PresenceStore:
             *user_stream_keys(environment_id, user_id),
         ]
         args = [self.timings.marker_ttl, member(environment_id, user_id), epoch or "", fresh_epoch()]
+        args.append(token or str(uuid.uuid4()))
         if len(keys) > 5:
             args += [",".join(channels), last_seen_ms or int(time.time() * 1000)]
         args += [part for pair in publish for part in pair]
@@ -319,7 +322,7 @@ class PresenceStore:
         if reply is None:
             return None
         outcome = int(reply[0])
-        if outcome == 1:
+        if outcome in (1, 4):
             return outcome, epoch, int(reply[1])
         return outcome, (as_text(reply[1]) if len(reply) > 1 else epoch), None
 

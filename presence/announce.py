@@ -23,7 +23,15 @@ from django.conf import settings
 from presence.fabric import group_name, transition_message
 from presence.queries import is_invisible, large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
-from presence.scripts import ANNOUNCE, CHANNEL_SEEN, CHANNEL_UNSEEN, channel_online_key, presence_key
+from presence.scripts import (
+    ANNOUNCE,
+    CHANNEL_LEFT,
+    CHANNEL_SEEN,
+    CHANNEL_UNSEEN,
+    channel_online_key,
+    channels_key,
+    presence_key,
+)
 from presence.store import Timings, record_failure
 from relay import metrics
 from relay.layer import channel_layer
@@ -64,6 +72,28 @@ def member_added(
     if announce(str(channel.environment_id), user.external_id, publish):
         # A count: the ids would be a membership graph in a log file.
         log_event(logger, Event.PRESENCE_ANNOUNCED, user=user.external_id, watchers=len(watchers))
+
+
+def member_removed(sender: type, channel_id: str, user_pk: int, **kwargs: object) -> None:
+    """`membership.member_removed` receiver: the channel leaves what the reaper would tell, and its online set.
+
+    Both are the holders' to write as they apply the removal too, but a holder that dies before
+    then would leave the reaper publishing the user's `offline` to a channel whose members no
+    longer share it with them, and the channel counting them online.
+    """
+    found = User.objects.filter(pk=user_pk).values_list("environment_id", "external_id").first()
+    if found is None:
+        return
+    environment_id, user_id = str(found[0]), found[1]
+    started = time.perf_counter()
+    try:
+        client = sync_client()
+        client.register_script(CHANNEL_LEFT)(keys=[channels_key(environment_id, user_id)], args=[channel_id])
+        client.zrem(channel_online_key(channel_id), user_id)
+    except (redis.RedisError, OSError) as error:
+        record_failure("channel_left", error)
+    finally:
+        metrics.redis_op_seconds("channel_left").observe(time.perf_counter() - started)
 
 
 def join_online_set(environment_id: str, user_id: str, channel_id: str) -> None:

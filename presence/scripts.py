@@ -601,3 +601,33 @@ for i = 2, #ARGV do
 end
 return 0
 """
+
+
+# ── a membership removed ─────────────────────────────────────────────────────
+
+# Drop one channel from the channels kept beside the user's deadline, for the reaper: the
+# request that ended the membership does it, since the holders only write the list again at their
+# next refresh, and one that dies first would leave the reaper telling that channel's members of
+# a user they no longer share it with. One id taken out, not the list written whole: an addition
+# written meanwhile by a holder stays.
+#
+# KEYS: the user's channels hash. ARGV: the channel id.
+#
+# Equivalent Python:
+#
+#     if "c" in channels_hash:
+#         channels_hash["c"] = ",".join(c for c in channels_hash["c"].split(",") if c and c != channel_id)
+CHANNEL_LEFT = """
+local csv = redis.call('HGET', KEYS[1], 'c')
+if not csv then
+  return 0
+end
+local kept = {}
+for channel in string.gmatch(csv, '[^,]+') do
+  if channel ~= ARGV[1] then
+    table.insert(kept, channel)
+  end
+end
+redis.call('HSET', KEYS[1], 'c', table.concat(kept, ','))
+return 1
+"""

@@ -7,6 +7,8 @@ them, as a SIGKILLed instance would not: its users' keys expire and their deadli
 """
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from datetime import datetime
@@ -29,10 +31,12 @@ from tests.support import (
     WAIT,
     Tenant,
     WsClient,
+    add_channel,
     barrier,
     close_all,
     connect,
     heard,
+    http,
     lines,
     logged,
     states,
@@ -240,3 +244,28 @@ async def test_redis_losing_its_data_before_a_grace_check_makes_no_flap(live_ins
         await close_all(linh, probe)
     finally:
         presence_redis.close()
+
+
+async def test_the_reapers_offline_skips_a_channel_the_user_left_just_before_their_instance_died(
+    live_instances, acme, closing
+):
+    # hermit shares only "huddle" with tuan. tuan is removed from it while his instance is frozen
+    # (it neither applies the removal nor refreshes the channels kept beside his deadline), then
+    # the instance dies: the reaper's `offline` goes to fleet and general, not to huddle.
+    a, b = live_instances(2, **timings())
+    huddle = await add_channel(acme, "huddle", "private", ("tuan", "hermit"))
+    linh = await closing(connect(a, acme, "linh"))
+    hermit = await closing(connect(a, acme, "hermit"))
+    tuan = await closing(connect(b, acme, "tuan"))
+    assert await heard(linh, "tuan", 1) == ["online"]
+    assert await heard(hermit, "tuan", 1) == ["online"]
+    os.kill(b.process.pid, signal.SIGSTOP)
+    try:
+        assert http("DELETE", f"{a.http_url}/v1/channels/{huddle.id}/members/tuan", api_key=acme.api_key)[0] == 204
+    finally:
+        b.kill()
+
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    probe = await barrier(a, acme, [hermit], channel="huddle")
+    assert states(hermit, "tuan") == ["online"]
+    await close_all(linh, hermit, probe, tuan)

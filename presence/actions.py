@@ -22,7 +22,7 @@ from django.conf import settings
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
 from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen, members_seeing_only
 from presence.scripts import member, split_member
-from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
+from presence.store import REAP_BATCH, Election, PresenceStore, Timings, record_failure
 from relay import close_codes, metrics
 from relay.clock import Clock, LoopClock, Periodic, Timer
 from relay.exceptions import ConnectionRefused
@@ -161,15 +161,19 @@ class PresenceService:
         self._tasks: set[asyncio.Task] = set()
         # Resolved by the next refresh Redis answers (`next_answer`).
         self._answered: asyncio.Future | None = None
+        # The first epoch an election here answered (`_unsettled`).
+        self._first_epoch: str | None = None
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
         self, conn: Connection, watch: Sequence[str], large: Collection[str] = ()
-    ) -> tuple[list[str], dict[str, int]] | None:
+    ) -> tuple[list[str], dict[str, int], int] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
         Returns which of `watch` are online and how many are in each `large` channel, read in
-        the same round trip after the election (None when Redis did not answer). Raises
+        the same round trip after the election, and for how long (ms) that read may still miss
+        users whose holders have not re-elected them in a Redis that lost its data (0: it
+        cannot); None when Redis did not answer. Raises
         ConnectionRefused(4429) when the user already holds the maximum of connections
         anywhere; nothing is changed then. With Redis unreachable the connection is admitted
         (presence must not take sockets down with it) and the refresh announces it later.
@@ -224,7 +228,23 @@ class PresenceService:
             await self.publish(
                 conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
             )
-        return election.online, election.occupancy
+        return election.online, election.occupancy, self._unsettled(election)
+
+    def _unsettled(self, election: Election) -> int:
+        """For how long (ms) the election's snapshot may miss users still to be re-elected.
+
+        An epoch other than the first this service saw is Redis having lost its data while this
+        instance lived: until every live holder's refresh has re-elected its users
+        (`Timings.rejoin` after the epoch began), a co-member online all along can be missing
+        from the channels' online sets, and nothing would ever be published about them.
+        """
+        if election.epoch is None:
+            return 0
+        if self._first_epoch is None:
+            self._first_epoch = election.epoch
+        if election.epoch == self._first_epoch:
+            return 0
+        return max(0, self.timings.rejoin - election.epoch_age_ms)
 
     async def disconnect(self, conn: Connection) -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""

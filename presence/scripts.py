@@ -93,6 +93,8 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 # The epoch of the data Redis holds: written (from the caller's fresh id) when missing, so the
 # first script to find Redis emptied starts a new one. `epoch_key` and `fresh` are Lua expressions.
+# The id ends with `@` and the time it was written (Redis ms): ADMIT answers the epoch's age, by
+# which a snapshot read before the live holders re-elected their users is known (and repaired).
 #
 # The epoch's TTL: every REFRESH renews it (presence/store.py's `Timings.epoch_ttl`, shorter than
 # any deadline is long), and ADMIT gives one to an epoch that has none (the TTL: the first
@@ -104,11 +106,11 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 #
 # Equivalent Python:
 #
-#     epoch = redis.setdefault(epoch_key, fresh)
+#     epoch = redis.setdefault(epoch_key, f"{fresh}@{now}")
 _EPOCH = """
 local epoch = redis.call('GET', {epoch_key})
 if not epoch then
-  epoch = {fresh}
+  epoch = {fresh} .. '@' .. string.format('%d', now)
   redis.call('SET', {epoch_key}, epoch)
 end
 """
@@ -123,9 +125,10 @@ end
 # member, environment id, fresh epoch, the user's channel ids (comma-separated), n, then n
 # (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose presence
 # the connection's snapshot needs. The limit, the election, the winner's `online` and the
-# snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
-# user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
-# user's last `online` was never retracted: nothing to publish). Webhooks: with a 7th key (the
+# snapshot's read in one round trip. Returns {admitted, won, epoch, the epoch's age (ms),
+# online user id, ...}; won is 0 (the user was online already), 1 (this connection publishes
+# `online`) or 2 (the key was gone but the user's last `online` was never retracted: nothing to
+# publish). Webhooks: with a 7th key (the
 # user's bucket stream, webhooks/stream.py), the winner's `user.online` is XADDed there too.
 #
 # Equivalent Python:
@@ -152,7 +155,8 @@ end
 #         redis[key].expire(ttl)                           # undo a close's re-pin to the grace
 #     deadlines[member] = now + ttl + grace
 #     channels_hash.update(c=channel_ids, e=epoch)
-#     return [1, won, *(user for user in watch if f"presence:{env}:{user}" in redis)]
+#     age = now - int(epoch.rpartition("@")[2] or 0)
+#     return [1, won, epoch, age, *(user for user in watch if f"presence:{env}:{user}" in redis)]
 ADMIT = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
@@ -197,7 +201,9 @@ else
 end
 redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
 redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
-local reply = {1, won}
+-- The epoch and its age: a young one means Redis lost its data moments ago (begin)
+local reply = {1, won, epoch, now - (tonumber(string.match(epoch, '@(%d+)$')) or 0)}
+-- (end)
 local prefix = 'presence:' .. ARGV[6] .. ':'
 for i = 10 + 2 * tonumber(ARGV[9]), #ARGV do
   if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then

@@ -81,6 +81,9 @@ class Election:
     unretracted: bool = False
     # How many are online in each of the user's large channels (counted, not listed).
     occupancy: dict[str, int] = field(default_factory=dict)
+    # The epoch Redis is in, and how long ago (ms) it began (docs/presence.md, Redis loses its data).
+    epoch: str | None = None
+    epoch_age_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,15 @@ class Timings:
         stands while the last published state is `offline`, and the next `online` deletes it.
         """
         return self.ttl + self.grace + self.margin + 2 * self.refresh
+
+    @property
+    def rejoin(self) -> int:
+        """How long after Redis lost its data every live holder has re-elected its users.
+
+        Two refresh intervals (a holder's first call after a restart can fail on a connection the
+        restart closed) and a margin.
+        """
+        return 2 * self.refresh + self.margin
 
     @property
     def seen_for(self) -> int:
@@ -274,6 +286,8 @@ class PresenceStore:
             online=sorted(online & wanted),
             unretracted=reply[1] == 2,
             occupancy=occupancy,
+            epoch=as_text(reply[2]) if len(reply) > 2 else None,
+            epoch_age_ms=int(reply[3]) if len(reply) > 3 else 0,
         )
 
     async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> str | None:

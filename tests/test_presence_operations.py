@@ -269,3 +269,35 @@ async def test_the_reapers_offline_skips_a_channel_the_user_left_just_before_the
     probe = await barrier(a, acme, [hermit], channel="huddle")
     assert states(hermit, "tuan") == ["online"]
     await close_all(linh, hermit, probe, tuan)
+
+
+async def test_a_channel_added_while_a_grace_check_decides_hears_the_offline(
+    live_instances, acme, redis_client, closing
+):
+    # b's grace check of tuan reads his channels, then waits (tests/hesitant) while tuan, still
+    # connected on a, is added to "huddle" and announced there to hermit, who shares nothing
+    # else with him. Then tuan leaves a too, his key expires, and b's check decides with the
+    # channels it read before the addition. a's own check comes far later (its margin).
+    [a] = live_instances(1, **timings(margin=8000))
+    [b] = live_instances(1, **timings(), DJANGO_SETTINGS_MODULE="tests.hesitant_settings")
+    huddle = await add_channel(acme, "huddle", "private", ("hermit",))
+    linh = await closing(connect(a, acme, "linh"))
+    hermit = await closing(connect(a, acme, "hermit"))
+    on_a = await closing(connect(a, acme, "tuan"))
+    on_b = await closing(connect(b, acme, "tuan"))
+    assert await heard(linh, "tuan", 1) == ["online"]
+    await on_b.close()
+    await logged(b, "test.check_held")
+    assert http("PUT", f"{a.http_url}/v1/channels/{huddle.id}/members/tuan", api_key=acme.api_key)[0] == 201
+    assert await heard(hermit, "tuan", 1) == ["online"]
+    await on_a.close()
+    await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
+    b.process.send_signal(signal.SIGUSR1)
+
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    assert await heard(hermit, "tuan", 2) == ["online", "offline"]
+    await logged(b, "presence.published", user="tuan", state="offline")
+    probes = [await barrier(a, acme, [linh]), await barrier(a, acme, [hermit], channel="huddle")]
+    assert states(linh, "tuan") == ["online", "offline"]
+    assert states(hermit, "tuan") == ["online", "offline"]
+    await close_all(linh, hermit, *probes)

@@ -542,8 +542,8 @@ class PresenceService:
                 # Their holder died silently: the deadline passed just now, so "last seen" is about
                 # now. Written beside the reaping, never in its way.
                 self.spawn(self._last_seen(departed, time.time()))
-            await self.store.channels_gone(gone, reaped.decided_ms)
             await self._publish_in_turn(unpublished)
+            await self.store.channels_gone(gone, reaped.decided_ms)
             if reaped.due < REAP_BATCH:
                 return
 

@@ -430,7 +430,14 @@ class PresenceStore:
             if decided_ms is not None:
                 # An entry written at the decision's own time or later lasts until then + seen_for or longer.
                 bound = decided_ms + self.timings.seen_for
-                unseen = [self._script(self._channel_unseen, [channel_online_key(c)], [bound, u]) for c, u in removals]
+                # One script per channel: a reaper's batch takes out many users of the same ones.
+                by_channel: dict[str, list[str]] = {}
+                for channel_id, user_id in removals:
+                    by_channel.setdefault(channel_id, []).append(user_id)
+                unseen = [
+                    self._script(self._channel_unseen, [channel_online_key(c)], [bound, *users])
+                    for c, users in by_channel.items()
+                ]
                 await asyncio.gather(*unseen)
                 return
             pipe = self.client.pipeline(transaction=False)

@@ -175,7 +175,9 @@ async def presence_repair(conn: Connection, message: dict) -> None:
         _owe_repair(conn)
     else:
         view = conn.state.pop(delivery.VIEW_KEY, set())
+        # An invisible co-member looks offline to watchers (docs/contract.md, Rich presence).
+        hidden = await reads.invisible_among(conn.environment_id, [u for u in online if u != conn.user_id])
         for user_id in online:
-            if user_id not in view:
+            if user_id not in view and user_id not in hidden:
                 await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
     delivery.fanout().live(conn)

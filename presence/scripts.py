@@ -442,7 +442,7 @@ return {vanished, unwritten}
 # fall between the decision and the publish. A deadline written in another epoch than Redis's
 # waits for the live holders to re-elect first. The message is the channel
 # layer's own encoding (msgpack) of `presence.fabric.transition_message`.
-# Returns {due, now, member, won, channel ids (comma-separated), ...}. Webhooks: with every bucket's
+# Returns {due, member, won, channel ids (comma-separated), ...}. Webhooks: with every bucket's
 # stream as KEYS 3 on, ARGV 8 the environments that listen (comma-separated) and ARGV 9 the TTL,
 # a winner of a listening environment has its `user.offline` XADDed to its bucket's stream (the
 # bucket computed in Lua as presence/keys.py does).
@@ -470,7 +470,7 @@ return {vanished, unwritten}
 #                     redis.xadd(streams[user_bucket(env, user)], t="user.offline", e=env, u=user,
 #                                c=info.get("c", ""), l=deadline - ttl - grace)
 #             decided += [member, won, info.get("c", "")]
-#     return [len(due), now, *decided]
+#     return [len(due), *decided]
 REAP = (
     LUA_BUCKET
     + _NOW
@@ -480,9 +480,7 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumb
 local prefix = ARGV[7]
 local base = string.sub(ARGV[6], 1, 28)
 local made = 0
--- The decision's time follows the count: the caller takes the winners' channel entries out
--- up to it (CHANNEL_UNSEEN), sparing a user who came back since.
-local decided = {#due, now}
+local decided = {#due}
 local listening = {}
 for environment in string.gmatch(ARGV[8] or '', '[^,]+') do
   listening[environment] = true

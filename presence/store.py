@@ -93,7 +93,7 @@ class Reaped:
     due: int
     # (member, won the offline election, the channel ids kept beside the deadline)
     decided: list[tuple[str, bool, list[str]]]
-    # When the script decided them (Redis ms): the bound of their channel entries' removal.
+    # Redis's time just before the script decided them (ms): the bound of their channel entries' removal.
     decided_ms: int = 0
 
 
@@ -382,14 +382,22 @@ class PresenceStore:
         streams, listening = reap_streams()
         if streams:
             args += [listening, t.ttl]
-        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH, *streams], args=args))
-        if reply is None:
+
+        async def work() -> tuple[list, list]:
+            # Redis's time before the script: no decision is older, and an entry in an online set
+            # written after a decision scores at least decision + seen_for (`channels_gone`).
+            before = await self.client.time()
+            return before, await self._reap(keys=[DEADLINES, EPOCH, *streams], args=args)
+
+        answer = await self.call("reap", work)
+        if answer is None:
             return None
+        (seconds, micros), reply = answer
         decided = [
             (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
-            for i in range(2, len(reply), 3)
+            for i in range(1, len(reply), 3)
         ]
-        return Reaped(due=int(reply[0]), decided=decided, decided_ms=int(reply[1]))
+        return Reaped(due=int(reply[0]), decided=decided, decided_ms=seconds * 1000 + micros // 1000)
 
     async def channels_seen(self, seen: dict[str, list[str]], for_ms: int, op: str = "channels_seen") -> None:
         """Mark each channel's users online for `for_ms` from now (GT: never shortening), one script per channel."""

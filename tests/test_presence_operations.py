@@ -277,9 +277,10 @@ async def test_a_channel_added_while_a_grace_check_decides_hears_the_offline(
     # b's grace check of tuan reads his channels, then waits (tests/hesitant) while tuan, still
     # connected on a, is added to "huddle" and announced there to hermit, who shares nothing
     # else with him. Then tuan leaves a too, his key expires, and b's check decides with the
-    # channels it read before the addition. a's own check comes far later (its margin).
-    [a] = live_instances(1, **timings(margin=8000))
-    [b] = live_instances(1, **timings(), DJANGO_SETTINGS_MODULE="tests.hesitant_settings")
+    # channels it read before the addition. a's own check comes far later (its margin), and so
+    # does the reaper (a TTL long beside the steps below).
+    [a] = live_instances(1, **timings(ttl=3000, margin=8000))
+    [b] = live_instances(1, **timings(ttl=3000), DJANGO_SETTINGS_MODULE="tests.hesitant_settings")
     huddle = await add_channel(acme, "huddle", "private", ("hermit",))
     linh = await closing(connect(a, acme, "linh"))
     hermit = await closing(connect(a, acme, "hermit"))

@@ -16,14 +16,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiohttp
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from relay.logging import Event, log_event
-from webhooks import addresses, delivery, events, metrics, stream
+from webhooks import delivery, events, metrics, stream
 
 logger = logging.getLogger("webhooks")
 
@@ -92,16 +91,7 @@ class Worker:
         self.attempts: set[asyncio.Task] = set()
         self.outcomes: list[delivery.Outcome] = []
         self.recorded = asyncio.Event()
-        # aiohttp rather than httpx: its pool kept eight concurrent requests to one receiver at a
-        # hundred a second on this machine (bench/webhooks.py), aiohttp at thousands.
-        self.client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
-            timeout=aiohttp.ClientTimeout(total=settings.RELAY_WEBHOOK_TIMEOUT_MS / 1000),
-            # Cookies a receiver sets are never sent back, to it or to another tenant's endpoint.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-            auto_decompress=False,
-        )
+        self.client = delivery.new_client()
         self.consumer = stream.Consumer(on_webhook_threads(write_stream_rows))
 
     def start(self) -> None:
@@ -176,11 +166,7 @@ class Worker:
                 self.wanted.set()
 
     async def _send(self, row: delivery.Claimed) -> None:
-        check = None
-        if not settings.RELAY_WEBHOOK_ALLOW_PRIVATE:
-            # Resolved again at each attempt: a name accepted at creation may point inward now.
-            check = self.loop.run_in_executor(EXECUTOR, addresses.check_url, row.url)
-        outcome = await delivery.attempt(self.client, row, check)
+        outcome = await delivery.attempt(self.client, row)
         self.outcomes.append(outcome)
         self.recorded.set()
 

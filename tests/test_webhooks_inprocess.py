@@ -1,6 +1,10 @@
 """Webhooks inside one process: the in-process signal of presence transitions, /metrics, and the delivery client."""
 
+import ssl
+
+import aiohttp
 import pytest
+import trustme
 from channels.db import database_sync_to_async
 from django.test import Client
 
@@ -8,7 +12,7 @@ from relay.logging import JsonFormatter
 from tests.support import Socket, until
 from tests.support import events as logged_events
 from tests.webhook_helpers import Receiver
-from webhooks import delivery, events, worker
+from webhooks import addresses, delivery, events, worker
 from webhooks.models import Delivery, Endpoint
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
@@ -77,3 +81,29 @@ async def test_the_delivery_client_connects_only_to_addresses_its_resolver_check
     assert "loopback" in written
     for secret_text in (endpoint.secret, "s3cret-user", "url-s3cret"):
         assert secret_text not in written
+
+
+async def test_tls_is_verified_against_the_urls_name_though_the_resolver_chose_the_address(settings):
+    settings.RELAY_WEBHOOK_ALLOW_PRIVATE = True
+    authority = trustme.CA()
+
+    def serving(name: str) -> Receiver:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        authority.issue_cert(name).configure_cert(context)
+        return Receiver(tls=context).start()
+
+    right, wrong = serving("localhost"), serving("receiver.example")
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    # The delivery client's resolver, with the test's authority trusted.
+    connector = aiohttp.TCPConnector(resolver=addresses.PublicResolver(), ssl=trusting)
+    try:
+        async with aiohttp.ClientSession(connector=connector) as client:
+            async with client.post(f"https://localhost:{right.port}/hooks", data=b"{}") as response:
+                assert response.status == 200
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await client.post(f"https://localhost:{wrong.port}/hooks", data=b"{}")
+    finally:
+        right.stop()
+        wrong.stop()
+    assert (len(right.requests), len(wrong.requests)) == (1, 0)

@@ -100,6 +100,19 @@ async def test_each_status_change_is_one_event_whichever_way_it_was_made(live_in
     await close_all(linh, tuan)
 
 
+async def test_an_expiry_is_sent_once_while_nobody_is_connected_anywhere(live_instances, acme, receiver):
+    gw0, gw1 = live_instances(2, **timings(**FAST))
+    subscribe(gw0, acme, receiver.url, ["user.status"])
+    await listening([gw0, gw1])
+    until_soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    body = {"status": "away", "text": "lunch", "until": until_soon}
+    assert http("PUT", f"{gw1.http_url}/v1/users/hermit/status", body, acme.api_key)[0] == 200
+    await receiver.wait("user.status", user="hermit", status="available")
+    rows = await database_sync_to_async(lambda: Delivery.objects.filter(event_type="user.status").count())()
+    assert [r.event["data"]["status"] for r in receiver.delivered()] == ["away", "available"] and rows == 2
+    assert len(lines([gw0, gw1], "presence.status_expired", user="hermit")) == 1
+
+
 async def test_the_publishers_sigkill_right_after_the_transition_still_delivers(
     live_instances, acme, receiver, redis_client
 ):

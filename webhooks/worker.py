@@ -1,5 +1,8 @@
 """The webhook worker of one instance: it reads the presence streams and delivers due rows.
 
+It also sweeps passed status expiries (presence/status.py) while an environment listens, so
+their `user.status` goes out when no connection is held anywhere.
+
 It starts on the event loop of the instance's first request or connection (Daphne has no
 start-up hook; a load balancer's health probe is usually first) and runs as long as that loop.
 Its database work runs on its own thread (one: on SQLite two would wait on each other's write
@@ -100,6 +103,7 @@ class Worker:
             ("stream", self._consume),
             ("delivery", self._deliver),
             ("record", self._record),
+            ("expiries", self._expire_statuses),
         ):
             self.tasks.append(self.loop.create_task(work(), name=f"webhooks.{name}"))
 
@@ -116,6 +120,21 @@ class Worker:
             except Exception as error:
                 log_event(logger, Event.WEBHOOK_ENVIRONMENTS_FAILED, logging.ERROR, error=type(error).__name__)
             await self._pause(stream.REFRESH_ENVIRONMENTS_S)
+
+    async def _expire_statuses(self) -> None:
+        # Presence sweeps passed status expiries only while this instance holds connections (it
+        # has watchers to tell); a listening backend is told of one though nobody is connected.
+        # Sweeps running at once are safe: each expiry is claimed by one (presence/status.py).
+        from presence.status import expire_due
+        from presence.store import record_failure
+
+        while not self.stopping.is_set():
+            if stream.known.ids:
+                try:
+                    await expire_due()
+                except Exception as error:
+                    record_failure("status_expiry", error)
+            await self._pause(settings.RELAY_PRESENCE_REFRESH_MS / 1000)
 
     async def _consume(self) -> None:
         async def written(rows: list[tuple]) -> None:

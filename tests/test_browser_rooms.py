@@ -106,6 +106,29 @@ def test_b_sees_a_large_channels_count_rise_and_fall_while_a_small_channel_shows
     expect(dot(tuan, "tuan")).to_have_attribute("data-presence", "online")
 
 
+def test_after_its_instance_dies_b_shows_no_count_and_then_the_count_it_missed(api_key, chromium, relays):  # noqa: F811
+    one, two = relays(2)
+    status, _ = http("PATCH", f"{one.http_url}/v1/settings", {"large_room_members": THRESHOLD}, api_key)
+    assert status == 200
+    tuan = chromium.open("tuan")
+    sign_in(tuan, two, "Tuan")
+    open_channel(tuan, "general")
+    expect(online_count(tuan)).to_have_text("1 online", timeout=WAIT_MS)
+
+    two.stop()
+    expect(tuan.locator("#status")).to_have_attribute("data-connection", "disconnected", timeout=WAIT_MS)
+    # Nobody's presence is known while disconnected: no number, and the dot goes grey.
+    expect(online_count(tuan)).to_have_text("… online")
+    expect(tuan.locator("#members [data-occupancy]")).to_have_attribute("data-presence", "offline")
+    sign_in(chromium.open("linh"), one, "Linh")
+    two.start()
+
+    # The page reconnects by itself: the new snapshot brings the count that changed while it was away.
+    expect(tuan.locator("#status")).to_have_attribute("data-connection", "connected", timeout=WAIT_MS)
+    expect(online_count(tuan)).to_have_text("2 online", timeout=WAIT_MS)
+    expect(tuan.locator("#members [data-occupancy]")).to_have_attribute("data-presence", "online")
+
+
 HALL = "0b9e3c55-1d1f-4d9a-9a50-4cbb8d5ad101"
 PLAZA = "0b9e3c55-1d1f-4d9a-9a50-4cbb8d5ad102"
 ATRIUM = "0b9e3c55-1d1f-4d9a-9a50-4cbb8d5ad103"

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_safe
 from relay.api import channel_json, endpoint, get_user, parse_body, user_json
 from relay.exceptions import ApiError
 from relay.frames import Identifier, StrictModel
-from relay.models import Channel, Environment, User
+from relay.models import Channel, User
 from relay.tokens import mint_token
 from web.demo import demo_enabled, demo_environment
 
@@ -73,20 +73,20 @@ def demo_session(request: HttpRequest) -> HttpResponse:
     )
     # A large channel's people are counted, not named (docs/contract.md, Large rooms): the page
     # shows its online count, so its members, thousands of them, are not read at all.
-    small = [channel for channel in channels if channel.member_count <= environment.large_room_members]
+    large = {channel.id for channel in channels if channel.member_count > environment.large_room_members}
+    small = [channel for channel in channels if channel.id not in large]
     prefetch_related_objects(small, Prefetch("members", queryset=User.objects.order_by("external_id")))
     return JsonResponse(
         {
             "token": token,
             "expires_at": expires_at.isoformat(),
             "user": user_json(user),
-            "channels": [session_channel_json(channel, environment) for channel in channels],
+            "channels": [session_channel_json(channel, channel.id in large) for channel in channels],
         }
     )
 
 
-def session_channel_json(channel: Channel, environment: Environment) -> dict:
+def session_channel_json(channel: Channel, large: bool) -> dict:
     """A channel of the session: `large`, `member_count`, and `members` unless it is large."""
-    large = channel.member_count > environment.large_room_members
     members = [] if large else [user_json(member) for member in channel.members.all()]
     return {**channel_json(channel), "large": large, "member_count": channel.member_count, "members": members}

@@ -105,8 +105,8 @@ class PublicResolver(AbstractResolver):
     checked is what is connected to.
     """
 
-    def __init__(self, resolver: AbstractResolver | None = None) -> None:
-        self._resolver = resolver or DefaultResolver()
+    def __init__(self) -> None:
+        self._resolver = DefaultResolver()
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET

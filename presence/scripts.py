@@ -10,8 +10,9 @@ Keys, all scoped by environment so the same user id in two tenants is two people
 - `presence:channels:{env}:{user}` hash beside the deadline: `c` the user's channel ids (comma-
                                    separated) as their holders last wrote them, `e` the epoch then;
                                    what the reaper's `offline` needs, with no database read
-- `presence:epoch`                 a random id written by the first instance that finds it missing:
-                                   a different or missing epoch means Redis lost its data meanwhile
+- `presence:epoch`                 a random id (and `@` when it began) written by the first instance
+                                   that finds it missing: a different or missing epoch means Redis
+                                   lost its data meanwhile
 
 The scripts derive the per-user key names from the `{env}:{user}` member (the environment is a
 36-character UUID, so the first colon after it is unambiguous). They touch keys not declared in

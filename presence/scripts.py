@@ -98,9 +98,10 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 # which a snapshot read before the live holders re-elected their users is known (and repaired).
 #
 # The epoch's TTL: every REFRESH renews it (presence/store.py's `Timings.epoch_ttl`, shorter than
-# any deadline is long), and ADMIT gives one to an epoch that has none (the TTL: the first
-# deadline outlasts it) before it writes a deadline, so no deadline stands in Redis beside an
-# epoch without a TTL. It outlives no live instance, and survives no old dump: an RDB or AOF
+# any deadline is long), and ADMIT gives one to an epoch that has none (TTL + grace, as long as
+# the deadline it writes: a connection closed before any refresh has its grace check decided
+# within that) before it writes a deadline, so no deadline stands in Redis beside an epoch
+# without a TTL. It outlives no live instance, and survives no old dump: an RDB or AOF
 # restored from before the TTL brings back stale keys and deadlines but no epoch; the first
 # script starts a new one, and the reaper and grace checks treat the old data as lost (they
 # wait a refresh for the live holders) instead of deciding `offline` for connected users.
@@ -135,7 +136,7 @@ end
 # Equivalent Python:
 #
 #     if not redis[epoch_key].has_expiry():
-#         redis[epoch_key].expire(ttl)                     # until the next refresh renews it
+#         redis[epoch_key].expire(ttl + grace)             # until the next refresh renews it
 #     conns = {c: expiry for c, expiry in conns.items() if expiry > now}
 #     if len(conns) >= max:
 #         return [0, 0]                                    # refused: 4429
@@ -165,7 +166,7 @@ ADMIT = (
 local ttl = tonumber(ARGV[2])
 -- The epoch's TTL, from the first deadline on (begin)
 if redis.call('PTTL', KEYS[6]) == -1 then
-  redis.call('PEXPIRE', KEYS[6], ttl)
+  redis.call('PEXPIRE', KEYS[6], ttl + tonumber(ARGV[3]))
 end
 -- (end)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

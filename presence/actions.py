@@ -137,7 +137,9 @@ class PresenceService:
     def __init__(self, timings: Timings | None = None) -> None:
         self.timings = timings or Timings.from_settings()
         self.clock = clock
-        self.store = PresenceStore(settings.RELAY_PRESENCE_REDIS_URL, self.timings)
+        self.store = PresenceStore(
+            settings.RELAY_PRESENCE_REDIS_URL, self.timings, settings.RELAY_PRESENCE_CLUSTER_NODES
+        )
         self.held: dict[Subject, Held] = {}
         self.pending: dict[Subject, Timer] = {}
         self.closed = False

@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from devtools.embedded_redis import EmbeddedRedis, free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
-from presence.scripts import DEADLINES, connections_key, marker_key, presence_key
+from presence.scripts import connections_key, marker_key, presence_key, user_deadlines_key
 from tests.support import (
     CHECK,
     GRACE,
@@ -395,7 +395,9 @@ async def test_keys_deleted_under_a_live_user_are_re_elected_without_a_departure
     tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     environment = str(acme.environment.id)
-    redis_client.delete(presence_key(environment, "tuan"), connections_key(environment, "tuan"), DEADLINES)
+    redis_client.delete(
+        presence_key(environment, "tuan"), connections_key(environment, "tuan"), user_deadlines_key(environment, "tuan")
+    )
     await logged(b, "presence.suppressed", user="tuan", reason="key vanished under a live connection; re-electing")
     assert redis_client.exists(presence_key(environment, "tuan"))
     assert redis_client.zcard(connections_key(environment, "tuan")) == 1

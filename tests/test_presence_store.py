@@ -12,7 +12,15 @@ import pytest
 from presence import fabric
 from presence.announce import announce
 from presence.fabric import Dedup, Transition, parse_transition, subject_of, transition_message
-from presence.scripts import DEADLINES, EPOCH, connections_key, marker_key, member, presence_key, split_member
+from presence.scripts import (
+    connections_key,
+    marker_key,
+    member,
+    presence_key,
+    split_member,
+    user_deadlines_key,
+    user_epoch_key,
+)
 from presence.store import PresenceStore, Timings
 from tests.support import events
 
@@ -29,7 +37,7 @@ async def admit(store: PresenceStore, environment_id: str, user_id: str, connect
 
 async def check(store: PresenceStore, environment_id: str, user_id: str, publish=()) -> int | None:
     """One grace check in the epoch Redis is in now (as a close just before it saw); its outcome."""
-    epoch = await store.client.get(EPOCH)
+    epoch = await store.client.get(user_epoch_key(environment_id, user_id))
     reply = await store.grace_check(environment_id, user_id, epoch and epoch.decode(), publish)
     return None if reply is None else reply[0]
 
@@ -53,7 +61,7 @@ async def test_the_marker_outlives_every_deadline_a_close_leaves_behind(stores, 
     # The newest deadline a close can leave: one written at the close itself (as the election
     # and each refresh write it).
     await admit(one, ACME, "linh", "c1")
-    deadline = redis_client.zscore(DEADLINES, member(ACME, "linh"))
+    deadline = redis_client.zscore(user_deadlines_key(ACME, "linh"), member(ACME, "linh"))
     await one.release(ACME, "linh", "c1", last_local=True)
     redis_client.delete(presence_key(ACME, "linh"))  # the grace has passed
     # Checked at once, earlier than any real grace check (grace + margin after the close), so
@@ -208,12 +216,13 @@ async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, re
     await admit(one, ACME, "tuan", "c2")
     # linh's instance died: the key is gone and the deadline is due. tuan is still held.
     redis_client.delete(presence_key(ACME, "linh"))
-    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0, member(ACME, "tuan"): 0})
+    for user_id in ("linh", "tuan"):
+        redis_client.zadd(user_deadlines_key(ACME, user_id), {member(ACME, user_id): 0})
     assert (await one.reap()).decided == [(member(ACME, "linh"), True, [])]
     assert (await two.reap()).decided == []
-    assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
+    assert redis_client.zscore(user_deadlines_key(ACME, "linh"), member(ACME, "linh")) is None
     # tuan's key lives, so his deadline is pushed past it rather than taken.
-    assert redis_client.zscore(DEADLINES, member(ACME, "tuan")) > 0
+    assert redis_client.zscore(user_deadlines_key(ACME, "tuan"), member(ACME, "tuan")) > 0
 
 
 async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(stores, redis_client):
@@ -221,7 +230,7 @@ async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(store
     await admit(one, ACME, "linh", "c1")
     redis_client.delete(presence_key(ACME, "linh"))
     assert await check(one, ACME, "linh") == 1
-    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
+    redis_client.zadd(user_deadlines_key(ACME, "linh"), {member(ACME, "linh"): 0})
     assert (await two.reap()).decided == [(member(ACME, "linh"), False, [])]
 
 
@@ -234,13 +243,13 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
     assert (election.admitted, election.won, election.unretracted) == (True, False, True)
     assert redis_client.exists(presence_key(ACME, "linh"))
     # She is held again, so the reaper finds her key and leaves her deadline for later.
-    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
+    redis_client.zadd(user_deadlines_key(ACME, "linh"), {member(ACME, "linh"): 0})
     assert (await one.reap()).decided == []
     # Once her departure was said, the next first connection is a new `online` again.
     await two.release(ACME, "linh", "c2", last_local=True)
     redis_client.delete(presence_key(ACME, "linh"))
     assert await check(two, ACME, "linh") == 1
-    assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
+    assert redis_client.zscore(user_deadlines_key(ACME, "linh"), member(ACME, "linh")) is None
     # ... even after the marker of that `offline` expired with no reaper pass in between.
     redis_client.delete(marker_key(ACME, "linh"))
     election = await one.elect(ACME, "linh", "c3")

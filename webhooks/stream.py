@@ -84,35 +84,13 @@ def user_stream_keys(environment_id: str, user_id: str) -> list[str]:
     return [stream_key(user_bucket(environment_id, user_id))]
 
 
-def reap_streams() -> tuple[list[str], str]:
-    """Every bucket's stream and the listening environments (comma-separated), or ([], "")."""
+def bucket_stream_keys(bucket: int) -> tuple[list[str], str]:
+    """The stream of one bucket as a one-key list and the listening environments (comma-separated),
+    for the reaper's script of that bucket; ([], "") when nobody listens."""
     if not known.ids:
         return [], ""
-    return STREAMS, ",".join(sorted(known.ids))
+    return [stream_key(bucket)], ",".join(sorted(known.ids))
 
-
-# The bucket of a `{env}:{user}` member inside a script spanning users (REAP): zlib's CRC-32,
-# as presence.keys.user_bucket computes it, so the entry lands in the user's own stream.
-LUA_BUCKET = """
-local function webhook_bucket(name, buckets)
-  local crc = 0xFFFFFFFF
-  for i = 1, #name do
-    crc = bit.bxor(crc, string.byte(name, i))
-    for _ = 1, 8 do
-      if bit.band(crc, 1) == 1 then
-        crc = bit.bxor(bit.rshift(crc, 1), 0xEDB88320)
-      else
-        crc = bit.rshift(crc, 1)
-      end
-    end
-  end
-  crc = bit.bxor(crc, 0xFFFFFFFF)
-  if crc < 0 then
-    crc = crc + 4294967296
-  end
-  return crc % buckets
-end
-"""
 
 # KEYS: the channel's occupancy hash. ARGV: user id, "1" online / "0" offline, the entry's
 # ms and sequence (its order among the user's transitions: same user, same stream). Returns 1

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from presence import actions
@@ -197,7 +198,7 @@ def online_members() -> dict[str, list[str]] | None:
             environment_id, _, user_id = name.partition(":")
             if len(environment_id) == 36 and user_id and environment_id.count("-") == 4:
                 found.setdefault(environment_id, []).append(user_id)
-    except (redis.RedisError, OSError) as error:
+    except (redis.RedisError, RedisClusterException, OSError) as error:
         record_failure("online_members", error)
         return None
     finally:
@@ -218,7 +219,7 @@ def online_flags(subjects: Sequence[tuple[str, str]], op: str = "online_flags") 
     try:
         client = sync_client()
         values = client.mget_nonatomic(keys) if isinstance(client, RedisCluster) else client.mget(keys)
-    except (redis.RedisError, OSError) as error:
+    except (redis.RedisError, RedisClusterException, OSError) as error:
         record_failure(op, error)
         return None
     finally:

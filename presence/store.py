@@ -19,7 +19,7 @@ from django.conf import settings
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 
 from presence.keys import BUCKETS, user_bucket
 from presence.scripts import (
@@ -217,9 +217,10 @@ class PresenceStore:
         started = time.perf_counter()
         try:
             return await work()
-        except (TimeoutError, redis.RedisError, OSError, RuntimeError) as error:
+        except (TimeoutError, redis.RedisError, RedisClusterException, OSError, RuntimeError) as error:
             # RuntimeError: under uvloop, a write on a connection that a reset has just closed
             # (before redis-py noticed) raises it instead of a ConnectionError. The same failure.
+            # RedisClusterException: a cluster whose slot has no master yet (a failover).
             record_failure(op, error)
             return None
         finally:

@@ -75,14 +75,23 @@ async def main() -> None:
         base = client.info("memory")["used_memory"]
         await asyncio.gather(*(store.elect(env, f"user-{i}", f"conn-{i}", channels=channels) for i in range(USERS)))
         used = client.info("memory")["used_memory"] - base
-        keys = [presence_key(env, "user-1"), connections_key(env, "user-1"), channels_key(env, "user-1")]
-        per_key = {key.split(":")[1] if key.count(":") > 2 else "presence": client.memory_usage(key) for key in keys}
+        keys = {
+            "presence": presence_key(env, "user-1"),
+            "conns": connections_key(env, "user-1"),
+            "channels": channels_key(env, "user-1"),
+        }
+        per_key = {kind: client.memory_usage(key) for kind, key in keys.items()}
         print(f"memory per online user in {CHANNELS} channels: {used // USERS} bytes (used_memory); keys {per_key}")
-        # The refresh of all of them, one script per instance per interval.
+        # The refresh of all of them, one script per bucket per instance per interval.
         start = counters(client)
         await store.refresh([(f"{env}:user-{i}", None, [f"conn-{i}"]) for i in range(USERS)])
         end = counters(client)
         print(f"refresh of {USERS} users: commands {end[0] - start[0] - 1}, bytes in {end[1] - start[1]}")
+        # A reaper pass with nothing due, as every instance runs one per interval.
+        start = counters(client)
+        await store.reap()
+        end = counters(client)
+        print(f"reaper pass, nothing due: commands {end[0] - start[0] - 1}, bytes in {end[1] - start[1]}")
         await store.close()
         client.close()
 

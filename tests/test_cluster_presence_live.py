@@ -1,8 +1,8 @@
 """Presence on a Redis Cluster: the same live basics on a single Redis and on a local cluster, and a
 master killed under load.
 
-`fabric` runs each test twice: on the suite's single Redis, and with RELAY_REDIS_CLUSTER_NODES
-alone, where the channel layer and presence both run on the cluster (3 masters, 3 replicas:
+`fabric` (tests/conftest.py) runs each test twice: on the suite's single Redis, and with
+RELAY_REDIS_CLUSTER_NODES alone, where the channel layer and presence both run on the cluster (3 masters, 3 replicas:
 devtools/redis_cluster.py): every presence script goes to the master of its bucket's slot, and
 every transition is published through the layer after its script (docs/scaling.md).
 """
@@ -10,11 +10,9 @@ every transition is published through the layer after its script (docs/scaling.m
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
 
 import pytest
 
-from devtools.redis_cluster import EmbeddedRedisCluster
 from presence.scripts import presence_key
 from tests.support import (
     GRACE,
@@ -30,29 +28,13 @@ from tests.support import (
     http,
     lines,
     logged,
+    on_cluster,
     states,
     timings,
     until,
 )
 
 pytestmark = pytest.mark.live
-
-Fabric = Callable[..., dict]
-
-
-def on_cluster(cluster: EmbeddedRedisCluster, **extra: str) -> dict:
-    """Instance settings with the layer and presence on `cluster`, from a cluster emptied first."""
-    cluster.flush()
-    return {"RELAY_REDIS_CLUSTER_NODES": cluster.nodes_setting, **extra}
-
-
-@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
-def fabric(request: pytest.FixtureRequest) -> Fabric:
-    """The instance settings of one fabric: the suite's single Redis, or a cluster for everything."""
-    if request.param == "single":
-        return lambda **extra: extra
-    cluster = request.getfixturevalue("redis_cluster")
-    return lambda **extra: on_cluster(cluster, **extra)
 
 
 async def test_offline_after_the_grace_and_a_reconnect_inside_it_is_invisible(live_instances, acme, fabric, closing):

@@ -418,7 +418,7 @@ class PresenceService:
             held.confirmed = True
 
     async def _reap(self) -> None:
-        """Decide every due deadline, a REAP script at a time, until fewer than a batch were due."""
+        """Decide every due deadline, a pass over every bucket at a time, until fewer than a batch were due in each."""
         prefix = None if self.closed else channel_layer().group_channel_prefix(GROUP_PREFIX, self.store.url)
         while not self.closed:
             reaped = await self.store.reap(prefix)

@@ -12,8 +12,12 @@ import pytest
 from presence import fabric
 from presence.announce import announce
 from presence.fabric import Dedup, Transition, parse_transition, subject_of, transition_message
+from presence.keys import BUCKETS, user_bucket
 from presence.scripts import (
+    channels_key,
     connections_key,
+    deadlines_key,
+    epoch_key,
     marker_key,
     member,
     presence_key,
@@ -254,6 +258,40 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
     redis_client.delete(marker_key(ACME, "linh"))
     election = await one.elect(ACME, "linh", "c3")
     assert (election.won, election.unretracted) == (True, False)
+
+
+async def test_one_reaper_pass_decides_the_due_users_of_every_bucket_in_one_round_trip_each_way(stores, redis_client):
+    one, two = stores
+    users = [f"gone-{n}" for n in range(40)]
+    for user_id in users:
+        await admit(one, ACME, user_id, f"c-{user_id}")
+        redis_client.delete(presence_key(ACME, user_id))
+        redis_client.zadd(user_deadlines_key(ACME, user_id), {member(ACME, user_id): 0})
+    assert len({user_bucket(ACME, user_id) for user_id in users}) > 30
+    sizes = _count_pipelines(two)
+    reaped = await two.reap()
+    # Every bucket's DUE in one pipeline, then one REAP per bucket that had a due user.
+    assert sizes == [BUCKETS, len({user_bucket(ACME, user_id) for user_id in users})]
+    assert sorted(name for name, won, _ in reaped.decided if won) == sorted(member(ACME, u) for u in users)
+    assert (await one.reap()).decided == []
+
+
+async def test_the_reaper_leaves_a_deadline_renewed_after_its_due_read(stores, redis_client):
+    one, _ = stores
+    await admit(one, ACME, "linh", "c1")
+    redis_client.delete(presence_key(ACME, "linh"))
+    bucket = user_bucket(ACME, "linh")
+    # What DUE read is no longer due: a refresh (or a connect) renewed it since.
+    keys = [deadlines_key(bucket), epoch_key(bucket)]
+    keys += [presence_key(ACME, "linh"), channels_key(ACME, "linh"), marker_key(ACME, "linh")]
+    args = [TIMINGS.marker_ttl, TIMINGS.grace, 2 * TIMINGS.refresh, "fresh", str(uuid.uuid4()), "", "", TIMINGS.ttl]
+    assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == []
+    assert redis_client.zscore(deadlines_key(bucket), member(ACME, "linh")) > 0
+    assert not redis_client.exists(marker_key(ACME, "linh"))
+    # Due again: the same script decides it.
+    redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
+    assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == [member(ACME, "linh").encode(), 1, b""]
+    assert redis_client.exists(marker_key(ACME, "linh"))
 
 
 async def test_an_announcement_is_published_only_while_the_user_is_online(stores, redis_client):

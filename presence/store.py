@@ -48,7 +48,7 @@ from presence.scripts import (
 from relay import metrics, redis_clients
 from relay.batching import GroupCommit
 from relay.logging import Event, log_event
-from relay.transport.cluster import cluster_client
+from relay.transport.cluster import cluster_client, queue_script
 from relay.transport.hiredis import pack_with_hiredis
 from webhooks.stream import bucket_stream_keys, user_stream_keys
 
@@ -203,7 +203,7 @@ class PresenceStore:
             return [await _outcome(script(keys=keys, args=args))]
         pipe = self.client.pipeline(transaction=False)
         for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            queue_script(pipe, script.sha, keys, args)
         replies = await pipe.execute(raise_on_error=False)
         for index, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
@@ -512,7 +512,9 @@ class PresenceStore:
             # An MGET and a ZMSCORE per bucket: each reads one slot.
             async with self.client.pipeline(transaction=False) as pipe:
                 for bucket, users in by_bucket.items():
-                    pipe.mget([presence_key(environment_id, user_id) for user_id in users])
+                    # As a command: a cluster's pipeline refuses its `mget` method, though an MGET
+                    # of one slot's keys routes like any keyed command.
+                    pipe.execute_command("MGET", *(presence_key(environment_id, user_id) for user_id in users))
                     pipe.zmscore(deadlines_key(bucket), [member(environment_id, user_id) for user_id in users])
                 return await pipe.execute()
 

@@ -39,7 +39,7 @@ from redis.backoff import NoBackoff
 from presence.keys import BUCKETS, bucket_tag, channel_tag, user_bucket
 from relay import redis_clients
 from relay.logging import Event, log_event
-from relay.transport.cluster import cluster_client
+from relay.transport.cluster import cluster_client, queue_script
 from webhooks import events, metrics
 
 logger = logging.getLogger("webhooks")
@@ -233,7 +233,7 @@ class Consumer:
         """
         pipe = self.client.pipeline(transaction=False)
         for key in STREAMS:
-            await self._read(keys=[key], args=[GROUP, self.name, READ_COUNT], client=pipe)
+            queue_script(pipe, self._read.sha, [key], [GROUP, self.name, READ_COUNT])
         found = []
         for reply in await pipe.execute():
             for key, items in reply or []:
@@ -285,8 +285,13 @@ class Consumer:
         if occupancy:
             pipe = self.client.pipeline(transaction=False)
             for _, channel_id, _, _, state, ms, seq, user_id in occupancy:
-                # Through the pipeline, redis-py loads the script first when Redis lost it.
-                await self._occupancy(keys=[occupancy_key(channel_id)], args=[user_id, state, ms, seq], client=pipe)
+                keys, args = [occupancy_key(channel_id)], [user_id, state, ms, seq]
+                if self.clustered:
+                    # Loaded on every master by ensure_groups; a NOSCRIPT brings the consumer back there.
+                    queue_script(pipe, self._occupancy.sha, keys, args)
+                else:
+                    # Through the pipeline, redis-py loads the script first when Redis lost it.
+                    await self._occupancy(keys=keys, args=args, client=pipe)
             decided = await pipe.execute()
             for (environment_id, channel_id, webhook_id, timestamp, state, _, _, _), made in zip(
                 occupancy, decided, strict=True

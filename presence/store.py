@@ -392,7 +392,9 @@ class PresenceStore:
     async def reap(self, publish_prefix: str | None = None) -> Reaped | None:
         """Take up to REAP_BATCH due deadlines of each bucket, of users nobody refreshes, and decide each.
 
-        One DUE per bucket (pipelined), then one REAP per bucket that has any. With
+        One DUE per bucket (pipelined), then one REAP per bucket that has any, pipelined in round
+        trips of about REAP_BATCH users (one round trip holds Redis no longer than one script of a
+        batch would: a reply that came too late would leave decisions unlogged). With
         `publish_prefix` (the Redis channel prefix of the presence groups, on this Redis), each
         winner's `offline` is PUBLISHed inside the script; without it the caller publishes.
         A bucket whose script failed is left to the next pass; None when no bucket answered.
@@ -425,17 +427,18 @@ class PresenceStore:
             args = [t.marker_ttl, t.grace, wait, fresh_epoch(), str(uuid.uuid4()), publish_prefix or "", listening]
             calls.append((self._reap, keys, [*args, t.ttl, *names]))
         most = max((len(names) for names in due.values()), default=0)
-        if not calls:
-            return Reaped(due=most, decided=[])
-        replies = await self.call("reap", lambda: self._send_scripts(calls))
-        if replies is None or not self._answered_any("reap", replies):
-            return None
-        decided = [
-            (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
-            for reply in replies
-            if _is_list(reply)
-            for i in range(0, len(reply), 3)
-        ]
+        decided: list[tuple[str, bool, list[str]]] = []
+        for chunk in _chunks(calls):
+            replies = await self.call("reap", lambda chunk=chunk: self._send_scripts(chunk))
+            if replies is None or not self._answered_any("reap", replies):
+                # What was decided stands (and is the caller's to publish); the rest waits for the next pass.
+                return Reaped(due=0, decided=decided) if decided else None
+            decided += [
+                (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
+                for reply in replies
+                if _is_list(reply)
+                for i in range(0, len(reply), 3)
+            ]
         return Reaped(due=most, decided=decided)
 
     @staticmethod
@@ -556,6 +559,21 @@ async def _outcome(call: Awaitable[T]) -> T | Exception:
         return await call
     except Exception as error:
         return error
+
+
+def _chunks(calls: list[tuple[AsyncScript, list, list]]) -> list[list[tuple[AsyncScript, list, list]]]:
+    """REAP calls in round trips of about REAP_BATCH users each: one holds Redis as long as one
+    script of a batch would (a REAP call's ARGV ends with its users, after 8 settings)."""
+    chunks: list[list[tuple[AsyncScript, list, list]]] = []
+    size = REAP_BATCH
+    for call in calls:
+        users = len(call[2]) - 8
+        if size + users > REAP_BATCH:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(call)
+        size += users
+    return chunks
 
 
 def _is_list(reply: object) -> bool:

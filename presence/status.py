@@ -18,13 +18,13 @@ and one to the user's own group, which only their connections join and which car
 never reaches a watcher ahead of the user's `online`, nor after their `offline` was decided.
 """
 
-import asyncio
+import functools
 import hashlib
 import logging
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -43,11 +43,14 @@ from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
 from presence.scripts import ANNOUNCE, presence_key
 from presence.store import PresenceStore, as_text, record_failure
+from relay.clock import Periodic
 from relay.exceptions import FrameError
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
+from relay.loops import PerLoop
 from relay.models import Environment, User
+from webhooks import outbox
 
 logger = logging.getLogger("presence")
 
@@ -238,8 +241,11 @@ read_statuses_async = database_sync_to_async(read_statuses, thread_sensitive=Fal
 
 
 # ── reading the cache ────────────────────────────────────────────────────────
-async def cached_statuses(environment_id: str, user_ids: Sequence[str]) -> dict[str, tuple[Status, bool]]:
-    """(status, idle) of each of `user_ids`: from Redis, the misses from the table (written back)."""
+async def cached_statuses(
+    environment_id: str, user_ids: Sequence[str], known: Mapping[str, Status] | None = None
+) -> dict[str, tuple[Status, bool]]:
+    """(status, idle) of each of `user_ids`: from Redis, the misses from `known` (statuses just
+    read from the table) or else from the table, written back."""
     if not user_ids:
         return {}
     store = actions.service().store
@@ -263,7 +269,9 @@ async def cached_statuses(environment_id: str, user_ids: Sequence[str]) -> dict[
         else:
             found[user_id] = (status.effective(), idle_of[user_id])
     if missing:
-        stored = await read_statuses_async(environment_id, missing)
+        known = known or {}
+        unknown = [user_id for user_id in missing if user_id not in known]
+        stored = {**known, **(await read_statuses_async(environment_id, unknown) if unknown else {})}
         for user_id in missing:
             status = stored.get(user_id, Status())
             found[user_id] = (status.effective(), idle_of[user_id])
@@ -493,26 +501,25 @@ class Devices:
 
     def __init__(self) -> None:
         self.connections: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
-        self._task: asyncio.Task | None = None
+        self.rounds = Periodic(
+            self._round,
+            interval=lambda: settings.RELAY_PRESENCE_REFRESH_MS / 1000,
+            clock=lambda: actions.service().clock,
+            failed=functools.partial(record_failure, "status_tick"),
+            wanted=lambda: bool(self.connections) and not actions.service().closed,
+        )
 
     def add(self, conn: object) -> None:
         self.connections[conn.connection_id] = conn
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._every_interval())
+        self.rounds.start()
 
     def discard(self, conn: object) -> bool:
         """Forget `conn`; True when it was here (it had opened)."""
         return self.connections.pop(conn.connection_id, None) is not None
 
-    async def _every_interval(self) -> None:
-        service = actions.service()
-        while self.connections and not service.closed:
-            await service.clock.sleep(settings.RELAY_PRESENCE_REFRESH_MS / 1000)
-            try:
-                await self.refresh()
-                await expire_due()
-            except Exception as error:
-                record_failure("status_tick", error)
+    async def _round(self) -> None:
+        await self.refresh()
+        await expire_due()
 
     async def refresh(self) -> None:
         """Keep every local connection's entry counting (one script per user)."""
@@ -527,15 +534,8 @@ class Devices:
                 await announce_idle(environment_id, user_id, changed[1])
 
 
-_devices: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Devices]" = weakref.WeakKeyDictionary()
-
-
-def devices() -> Devices:
-    loop = asyncio.get_running_loop()
-    found = _devices.get(loop)
-    if found is None:
-        found = _devices[loop] = Devices()
-    return found
+# This event loop's connections (made on first use).
+devices = PerLoop(Devices)
 
 
 # ── expiry ───────────────────────────────────────────────────────────────────
@@ -544,11 +544,15 @@ def claim_expired(now: datetime) -> list[tuple[str, User, Status]]:
     of several instances sweeping at once exactly one claims (and announces) each expiry."""
     claimed = []
     for row in UserStatus.objects.filter(until__lte=now).select_related("user")[:500]:
-        if UserStatus.objects.filter(pk=row.pk, until=row.until).update(
-            status="available", text="", emoji="", until=None
-        ):
+        with transaction.atomic():
+            if not UserStatus.objects.filter(pk=row.pk, until=row.until).update(
+                status="available", text="", emoji="", until=None
+            ):
+                continue
             row.status, row.text, row.emoji, row.until = "available", "", "", None
-            claimed.append((str(row.user.environment_id), row.user, Status.of(row)))
+            # An UPDATE sends no post_save: the claim writes its webhook event in its own transaction.
+            outbox.record_status(row)
+        claimed.append((str(row.user.environment_id), row.user, Status.of(row)))
     return claimed
 
 

@@ -34,6 +34,7 @@ logger = logging.getLogger("presence")
 registry.sends("presence.status", PresenceStatus)
 registry.sends("presence.result", PresenceResult)
 
+RATE_MESSAGE = "too many presence updates; slow down"
 # Set when the socket URL named a device kind that does not exist (told after the snapshot).
 BAD_DEVICE_KEY = "presence.bad_device"
 
@@ -81,7 +82,7 @@ class RichPresence(registry.Extension):
     async def closed(self, conn: Connection) -> None:
         # Only an opened connection wrote its entry.
         opened = status.devices().discard(conn)
-        status.forget_rate(conn.connection_id)
+        status.RATE.forget(conn.connection_id)
         await channel_layer().group_discard(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
         service = actions.service()
         # A shutdown closes the store's client under the closing consumers: their entries are
@@ -130,7 +131,7 @@ async def after_snapshot(conn: Connection, statuses: dict) -> None:
 @registry.frame("presence.set", PresenceSet)
 async def presence_set(conn: Connection, payload: PresenceSet) -> None:
     """Change the user's status; watchers and all the user's connections are told."""
-    status.check_rate(conn.connection_id, "presence.set")
+    status.RATE.check("presence.set", RATE_MESSAGE, conn.connection_id)
     try:
         await status.set_status(conn.environment_id, conn.user, payload, conn.channel_ids)
     except status.Forbidden:
@@ -140,7 +141,7 @@ async def presence_set(conn: Connection, payload: PresenceSet) -> None:
 @registry.frame("presence.activity", PresenceActivity)
 async def presence_activity(conn: Connection, payload: PresenceActivity) -> None:
     """This connection is idle or active again; the user is idle while all their connections are."""
-    status.check_rate(conn.connection_id, "presence.activity")
+    status.RATE.check("presence.activity", RATE_MESSAGE, conn.connection_id)
     device: Device | None = conn.state.get(DEVICE_KEY)
     if device is None or device.idle == payload.idle:
         return

@@ -8,7 +8,8 @@ Keys, all scoped by environment so the same user id in two tenants is two people
 - `presence:deadlines`             sorted set of `{env}:{user}` (score = when a silent holder is
                                    presumed dead: last refresh + TTL + grace), reaped by every instance
 - `presence:channels:{env}:{user}` hash beside the deadline: `c` the user's channel ids (comma-
-                                   separated) as their holders last wrote them, `e` the epoch then;
+                                   separated) as their holders last wrote them, `e` the epoch then,
+                                   `h` "1" while watchers were last told `offline` by invisibility;
                                    what the reaper's `offline` needs, with no database read
 - `presence:epoch`                 a random id written by the first instance that finds it missing:
                                    a different or missing epoch means Redis lost its data meanwhile
@@ -120,7 +121,8 @@ end
 # read costs one EXISTS per id asked.
 #
 # KEYS: conns, key, marker, deadlines, channels, epoch. ARGV: connection id, ttl, grace, max,
-# member, environment id, fresh epoch, the user's channel ids (comma-separated), n, then n
+# member, environment id, fresh epoch, the user's channel ids (comma-separated), n, "1" when the
+# user is invisible (their `online` is for their own connections only) else "0", then n
 # (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose presence
 # the connection's snapshot needs. The limit, the election, the winner's `online` and the
 # snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
@@ -145,6 +147,7 @@ end
 #             del redis[marker]
 #             for channel, payload in publish:
 #                 redis.publish(channel, payload)
+#             channels_hash["h"] = hidden                  # what the reaper may tell watchers
 #             if stream:                                   # webhooks: the event, with the decision
 #                 redis.xadd(stream, t="user.online", e=env, u=user, c=channel_ids)
 #     else:
@@ -181,9 +184,12 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
     won = 1
     -- The winner clears "somebody already said they left" so the next departure elects again.
     redis.call('DEL', KEYS[3])
-    for i = 10, 9 + 2 * tonumber(ARGV[9]), 2 do
+    for i = 11, 10 + 2 * tonumber(ARGV[9]), 2 do
       redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
     end
+    -- Whether watchers were told: an invisible user's `online` went to their own connections
+    -- only, so the reaper owes watchers no `offline` for them (REAP, VISIBILITY).
+    redis.call('HSET', KEYS[5], 'h', ARGV[10])
     -- webhooks: the event, atomic with the decision
     if KEYS[7] then
       redis.call('XADD', KEYS[7], '*', 't', 'user.online', 'e', ARGV[6],
@@ -199,7 +205,7 @@ redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
 redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
 local reply = {1, won}
 local prefix = 'presence:' .. ARGV[6] .. ':'
-for i = 10 + 2 * tonumber(ARGV[9]), #ARGV do
+for i = 11 + 2 * tonumber(ARGV[9]), #ARGV do
   if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
     table.insert(reply, ARGV[i])
   end
@@ -337,6 +343,36 @@ return 1
 """
 
 
+# KEYS: key, channels (the hash beside the deadline). ARGV: "1" when the user turned invisible,
+# "0" when visible again, then (channel, payload) pairs to PUBLISH if the user is online. ANNOUNCE
+# for a change of visibility: what watchers were told (`offline` then, `online` now) is written
+# beside the deadline in the same step, so the reaper of a dead instance's invisible user tells
+# them nothing more, and that of a visible one tells them `offline`. A hash Redis lost is not
+# made again here (REFRESH writes it, without `h`: the reaper then says `offline` once more).
+#
+# Equivalent Python:
+#
+#     if key not in redis:
+#         return 0
+#     if channels in redis:
+#         redis[channels]["h"] = hidden
+#     for channel, payload in publish:
+#         redis.publish(channel, payload)
+#     return 1
+VISIBILITY = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[2], 'h', ARGV[1])
+end
+for i = 2, #ARGV, 2 do
+  redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
+
 # ── every interval: refresh, reap ────────────────────────────────────────────
 
 # This script is delicate and performance-sensitive: one call carries every user the instance
@@ -425,6 +461,8 @@ return {vanished, unwritten}
 # fall between the decision and the publish. A deadline written in another epoch than Redis's
 # waits for the live holders to re-elect first. The message is the channel
 # layer's own encoding (msgpack) of `presence.fabric.transition_message`.
+# An invisible user's watchers were told `offline` when the user turned invisible (`h` in the hash,
+# VISIBILITY): nothing is published for them, and won is 2.
 # Returns {due, member, won, channel ids (comma-separated), ...}. Webhooks: with every bucket's
 # stream as KEYS 3 on, ARGV 8 the environments that listen (comma-separated) and ARGV 9 the TTL,
 # a winner of a listening environment has its `user.offline` XADDed to its bucket's stream (the
@@ -446,7 +484,9 @@ return {vanished, unwritten}
 #             won = f"presence:offline:{member}" not in redis
 #             if won:
 #                 redis[f"presence:offline:{member}"] = expiring(marker_ttl)
-#                 if prefix:
+#                 if info.get("h") == "1":                 # invisible: watchers heard `offline` then
+#                     won = 2
+#                 elif prefix:
 #                     for channel in info.get("c", "").split(","):
 #                         redis.publish(prefix + channel, offline_message(member, channel))
 #                 if env in listening:                     # webhooks: the event, with the decision
@@ -480,6 +520,7 @@ for _, name in ipairs(due) do
     redis.call('HSET', info, 'e', epoch)
   else
     local csv = redis.call('HGET', info, 'c') or ''
+    local hidden = redis.call('HGET', info, 'h') == '1'
     local environment = string.sub(name, 1, 36)
     -- webhooks: a deadline is the last refresh + TTL + grace, so it says when they were last seen
     local deadline = listening[environment] and tonumber(redis.call('ZSCORE', KEYS[1], name))
@@ -488,7 +529,9 @@ for _, name in ipairs(due) do
     local won = 0
     if redis.call('SET', 'presence:offline:' .. name, '1', 'PX', ARGV[1], 'NX') then
       won = 1
-      if prefix ~= '' then
+      if hidden then
+        won = 2
+      elseif prefix ~= '' then
         local channels = {}
         for channel in string.gmatch(csv, '[^,]+') do
           table.insert(channels, channel)

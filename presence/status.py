@@ -21,7 +21,6 @@ never reaches a watcher ahead of the user's `online`, nor after their `offline` 
 import asyncio
 import hashlib
 import logging
-import time
 import uuid
 import weakref
 from collections.abc import Iterable, Sequence
@@ -32,7 +31,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from limits import RateLimitItemPerSecond, storage, strategies
+from limits import RateLimitItemPerSecond
 from redis.commands.core import AsyncScript
 
 from presence import actions
@@ -41,22 +40,21 @@ from presence.keys import user_tag
 from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
-from presence.scripts import ANNOUNCE, presence_key
+from presence.scripts import ANNOUNCE, VISIBILITY, channels_key, presence_key
 from presence.store import PresenceStore, as_text, record_failure
-from relay.exceptions import FrameError
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
 from relay.models import Environment, User
+from relay.rate_limits import ConnectionLimit
 
 logger = logging.getLogger("presence")
 
 DEVICES: tuple[str, ...] = DeviceKind.__args__
 DEFAULT_DEVICE = "web"
 
-# More than this many presence.set and presence.activity frames in the window: `rate_limited`.
-RATE = RateLimitItemPerSecond(10, 10)
-_limiter = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
+# More than 10 presence.set and presence.activity frames in 10 s on one connection: `rate_limited`.
+RATE = ConnectionLimit("presence", RateLimitItemPerSecond(10, 10))
 
 
 def status_key(environment_id: str, user_id: str) -> str:
@@ -299,14 +297,6 @@ async def _cache_and_idle(environment_id: str, user_id: str, status: Status) -> 
     return replies is not None and replies[1] is not None and as_text(replies[1]) == "1"
 
 
-def forget_cached(environment_id: str, user_id: str) -> None:
-    """Drop the Redis copy of a status changed outside `set_status` (admin): the next read refills it."""
-    try:
-        sync_client().hdel(status_key(environment_id, user_id), "s", "t", "e", "u", "i")
-    except Exception as error:
-        record_failure("status_forget", error)
-
-
 # ── announcing ───────────────────────────────────────────────────────────────
 def _status_message(user_id: str, status: Status, idle: bool, change: str, channel: str | None, copies: int) -> dict:
     message = {
@@ -353,8 +343,14 @@ def transition_sends(user_id: str, state: State, channels: Sequence[str]) -> lis
     ]
 
 
-async def publish_if_online(environment_id: str, user_id: str, sends: list[tuple[str, dict]]) -> bool | None:
-    """PUBLISH `sends` if, and only if, the user is online now (one script); None when Redis failed."""
+async def publish_if_online(
+    environment_id: str, user_id: str, sends: list[tuple[str, dict]], hidden: bool | None = None
+) -> bool | None:
+    """PUBLISH `sends` if, and only if, the user is online now (one script); None when Redis failed.
+
+    `hidden`: the sends change the user's visibility; what watchers were told is kept beside the
+    user's deadline with them (presence/scripts.py, VISIBILITY), for the reaper.
+    """
     if not sends:
         return True
     store = actions.service().store
@@ -369,15 +365,30 @@ async def publish_if_online(environment_id: str, user_id: str, sends: list[tuple
         except Exception as error:
             record_failure("status_publish", error)
             return None
+        if hidden is not None:
+            await _mark_hidden(environment_id, user_id, hidden)
         return True
-    script = _script(store, ANNOUNCE)
     args = [part for pair in publications for part in pair]
-    reply = await store.call("status_publish", lambda: script(keys=[presence_key(environment_id, user_id)], args=args))
+    keys = [presence_key(environment_id, user_id)]
+    script = _script(store, ANNOUNCE)
+    if hidden is not None:
+        script = _script(store, VISIBILITY)
+        keys.append(channels_key(environment_id, user_id))
+        args.insert(0, "1" if hidden else "0")
+    reply = await store.call("status_publish", lambda: script(keys=keys, args=args))
     return None if reply is None else bool(reply)
 
 
-async def announce_change(environment_id: str, user_id: str, change: Change, idle: bool) -> None:
-    """Tell watchers and the user's own connections what a set changed."""
+async def _mark_hidden(environment_id: str, user_id: str, hidden: bool) -> None:
+    """VISIBILITY's write without its publish (the groups live on another Redis)."""
+    store = actions.service().store
+    script = _script(store, VISIBILITY)
+    keys = [presence_key(environment_id, user_id), channels_key(environment_id, user_id)]
+    await store.call("status_publish", lambda: script(keys=keys, args=["1" if hidden else "0"]))
+
+
+async def announce_change(environment_id: str, user_id: str, change: Change, idle: bool) -> bool | None:
+    """Tell watchers and the user's own connections what a set changed; whether the user was online."""
     before, after, channels = change.before, change.after, change.channels
     sends: list[tuple[str, dict]] = []
     if after.invisible and not before.invisible:
@@ -390,9 +401,11 @@ async def announce_change(environment_id: str, user_id: str, change: Change, idl
         sends += status_sends(
             environment_id, user_id, after, idle, channels, watchers=before.chosen() != after.chosen()
         )
-    await publish_if_online(environment_id, user_id, sends)
-    if before.invisible != after.invisible:
+    visibility = after.invisible if before.invisible != after.invisible else None
+    online = await publish_if_online(environment_id, user_id, sends, visibility)
+    if visibility is not None:
         log_event(logger, Event.PRESENCE_VISIBILITY, user=user_id, invisible=after.invisible)
+    return online
 
 
 async def set_status(
@@ -400,12 +413,24 @@ async def set_status(
 ) -> tuple[Status, bool]:
     """Store a set, refresh the cache and announce it; raise Forbidden (nothing changed)."""
     change = await write_status_async(environment_id, user, payload, None if channels is None else list(channels))
-    held = actions.service().held.get((environment_id, user.external_id))
+    return await apply_change(environment_id, user.external_id, change)
+
+
+async def apply_change(environment_id: str, user_id: str, change: Change) -> tuple[Status, bool]:
+    """What follows a stored set: the cache, the channels' online sets, the announcement."""
+    service = actions.service()
+    held = service.held.get((environment_id, user_id))
     if held is not None:
         # A re-election after Redis lost the key announces `online` to whom the user is visible.
         held.invisible = change.after.invisible
-    idle = await _cache_and_idle(environment_id, user.external_id, change.after)
-    await announce_change(environment_id, user.external_id, change, idle)
+    idle = await _cache_and_idle(environment_id, user_id, change.after)
+    if change.after.invisible and not change.before.invisible:
+        # Uncounted before the `offline` goes: an occupancy read after it finds them gone. The
+        # other instances holding the user's connections do the same when they hear the status.
+        await service.recount(environment_id, user_id, True, change.channels)
+    online = await announce_change(environment_id, user_id, change, idle)
+    if change.before.invisible and not change.after.invisible and online:
+        await service.recount(environment_id, user_id, False, change.channels)
     return change.after, idle
 
 
@@ -564,24 +589,3 @@ async def expire_due() -> None:
         sends = status_sends(environment_id, user.external_id, status, idle, channels)
         await publish_if_online(environment_id, user.external_id, sends)
         log_event(logger, Event.PRESENCE_STATUS_EXPIRED, user=user.external_id)
-
-
-# ── rate ─────────────────────────────────────────────────────────────────────
-def check_rate(connection_id: str, frame_type: str) -> None:
-    """Raise FrameError `rate_limited` past RATE presence.set + presence.activity frames on one connection."""
-    if _limiter.hit(RATE, connection_id):
-        return
-    reset = _limiter.get_window_stats(RATE, connection_id).reset_time
-    retry = max(1, int((reset - time.time()) * 1000))
-    raise RateLimited(retry, frame_type)
-
-
-def forget_rate(connection_id: str) -> None:
-    _limiter.clear(RATE, connection_id)
-
-
-class RateLimited(FrameError):
-    """Too many presence updates on one connection; `retry_after_ms` says when the next is taken."""
-
-    def __init__(self, retry_after_ms: int, frame_type: str) -> None:
-        super().__init__("rate_limited", "too many presence updates; slow down", frame_type, retry_after_ms)

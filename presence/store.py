@@ -90,6 +90,8 @@ class Reaped:
     due: int
     # (member, won the offline election, the channel ids kept beside the deadline)
     decided: list[tuple[str, bool, list[str]]]
+    # The winners that were invisible: their watchers heard `offline` already, and were told nothing.
+    hidden: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,7 @@ class PresenceStore:
         publish: Sequence[tuple[str, bytes]] = (),
         channels: Iterable[str] = (),
         large: Collection[str] = (),
+        hidden: bool = False,
     ) -> Election | None:
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
@@ -219,7 +222,8 @@ class PresenceStore:
         user is added to each channel's online set, whose members (those in `watch`) are the
         snapshot: one read per channel, not one per co-member. Of a `large` channel the read is
         a count (the snapshot's occupancy), whatever the channel's size. A refused connection's
-        user is online elsewhere already, so the additions stand either way.
+        user is online elsewhere already, so the additions stand either way. A `hidden`
+        (invisible) user is in no online set: they are neither counted nor listed to others.
         """
         t = self.timings
         keys = [
@@ -235,12 +239,13 @@ class PresenceStore:
         channels = list(channels)
         args = [connection_id, t.ttl, t.grace, t.max_connections, name, environment_id, fresh_epoch()]
         args.append(",".join(channels))
-        args += [len(publish), *(part for pair in publish for part in pair)]
+        args += [len(publish), "1" if hidden else "0", *(part for pair in publish for part in pair)]
+        counted = [] if hidden else [user_id]
 
         def work() -> Awaitable[list]:
             # Submitted together, so they go in one pipeline, the election first.
             seen = [
-                self._seen(channel_id, t.ttl, "count" if channel_id in large else "members", [user_id])
+                self._seen(channel_id, t.ttl, "count" if channel_id in large else "members", counted)
                 for channel_id in channels
             ]
             return asyncio.gather(self._script(self._admit, keys, args), *seen)
@@ -358,7 +363,8 @@ class PresenceStore:
             (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
             for i in range(1, len(reply), 3)
         ]
-        return Reaped(due=int(reply[0]), decided=decided)
+        hidden = frozenset(as_text(reply[i]) for i in range(1, len(reply), 3) if int(reply[i + 1]) == 2)
+        return Reaped(due=int(reply[0]), decided=decided, hidden=hidden)
 
     async def channels_seen(self, seen: dict[str, list[str]], for_ms: int, op: str = "channels_seen") -> None:
         """Mark each channel's users online for `for_ms` from now (GT: never shortening), one script per channel."""

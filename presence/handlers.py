@@ -25,7 +25,6 @@ from relay.frames import (
     QueriedUser,
     format_instant,
 )
-from relay.layer import channel_layer
 from relay.models import Environment, Membership, User
 from relay.registry import Connection
 
@@ -66,12 +65,13 @@ class RichPresence(registry.Extension):
         conn.state[DEVICE_KEY] = Device(kind=kind, idle=False, connected_ms=_now_ms())
 
     async def opened(self, conn: Connection) -> None:
-        # Only the user's own connections join it: it carries their status with `invisible`.
-        # Joined once the socket is open: with Redis away a subscription waits for its
-        # confirmation, and one more wait before the accept would pass Daphne's handshake timeout.
-        await channel_layer().group_add(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
+        devices = status.devices()
+        # The users' own statuses, with `invisible`, joined by the process once. Once the socket is
+        # open: with Redis away a subscription waits for its confirmation, and one more wait before
+        # the accept would pass Daphne's handshake timeout.
+        await devices.join()
         # After the election, not before: nothing of rich presence may delay (or reorder) it.
-        status.devices().add(conn)
+        devices.add(conn)
         changed = await status.devices_op(
             conn.environment_id, conn.user_id, "put", status.live_ttl(), *status.entry(conn)
         )
@@ -83,7 +83,6 @@ class RichPresence(registry.Extension):
         # Only an opened connection wrote its entry.
         opened = status.devices().discard(conn)
         status.RATE.forget(conn.connection_id)
-        await channel_layer().group_discard(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
         service = actions.service()
         # A shutdown closes the store's client under the closing consumers: their entries are
         # left to expire with the instance's keys (presence/shutdown.py).

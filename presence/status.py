@@ -13,13 +13,14 @@ connection is idle) and says whether the aggregate changed: only that caller ann
 
 Announcements travel the presence fabric (presence/fabric.py): a `presence.status_change` to
 the group of each of the user's channels (one frame per watcher, deduplicated like a transition)
-and one to the user's own group, which only their connections join and which carries
-`invisible`. The check that the user is online and the PUBLISHes are one script, so a status
-never reaches a watcher ahead of the user's `online`, nor after their `offline` was decided.
+and one, carrying `invisible`, for the user's own connections: to OWN_GROUP, which each process
+joins once and hands to the user's connections it holds (a group per user would cost every
+connection a SUBSCRIBE). The check that the user is online and the PUBLISHes are one script, so
+a status never reaches a watcher ahead of the user's `online`, nor after their `offline` was
+decided.
 """
 
 import asyncio
-import hashlib
 import logging
 import uuid
 import weakref
@@ -35,7 +36,7 @@ from limits import RateLimitItemPerSecond
 from redis.commands.core import AsyncScript
 
 from presence import actions
-from presence.fabric import GROUP_PREFIX, STATUS_CHANGE, State, group_name, transition_message
+from presence.fabric import STATUS_CHANGE, State, group_name, transition_message
 from presence.keys import user_tag
 from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
@@ -45,6 +46,7 @@ from presence.store import PresenceStore, as_text, record_failure
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
+from relay.loops import SharedOnce
 from relay.models import Environment, User
 from relay.rate_limits import ConnectionLimit
 
@@ -67,10 +69,9 @@ def devices_key(environment_id: str, user_id: str) -> str:
     return f"presence:devices:{user_tag(environment_id, user_id)}:{environment_id}:{user_id}"
 
 
-def user_group(environment_id: str, user_id: str) -> str:
-    """The group only the user's own connections join (a digest: group names are short and ASCII)."""
-    digest = hashlib.sha256(f"{environment_id}:{user_id}".encode()).hexdigest()[:40]
-    return f"{GROUP_PREFIX}u.{digest}"
+# Every user's own status, for their connections (with `invisible`): joined once per process.
+# Not under presence's GROUP_PREFIX, whose groups the fan-out claims.
+OWN_GROUP = "status.own"
 
 
 # KEYS: devices, status. ARGV: op, ms an entry counts from now, then per op: put: (connection id,
@@ -298,8 +299,10 @@ async def _cache_and_idle(environment_id: str, user_id: str, status: Status) -> 
 
 
 # ── announcing ───────────────────────────────────────────────────────────────
-def _status_message(user_id: str, status: Status, idle: bool, change: str, channel: str | None, copies: int) -> dict:
-    message = {
+def _status_message(
+    user_id: str, status: Status, idle: bool, change: str, channel: str | None, copies: int
+) -> dict[str, object]:
+    message: dict[str, object] = {
         "type": STATUS_CHANGE,
         "user": user_id,
         "status": status.status,
@@ -327,7 +330,9 @@ def status_sends(
             (group_name(channel), _status_message(user_id, status, idle, change, channel, len(channels)))
             for channel in channels
         ]
-    sends.append((user_group(environment_id, user_id), _status_message(user_id, status, idle, change, None, 1)))
+    own = _status_message(user_id, status, idle, change, None, 1)
+    own["environment"] = environment_id
+    sends.append((OWN_GROUP, own))
     return sends
 
 
@@ -514,11 +519,28 @@ def entry(conn: object) -> tuple[str, str]:
 
 
 class Devices:
-    """This event loop's connections for rich presence: refresh of their entries and the expiry sweep."""
+    """This event loop's connections for rich presence: refresh of their entries, the expiry sweep,
+    and the users' own statuses (OWN_GROUP) handed to their connections here."""
 
     def __init__(self) -> None:
         self.connections: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
         self._task: asyncio.Task | None = None
+        # Joined once for this loop; later calls return at once.
+        self.join = SharedOnce(lambda: channel_layer().route_group(OWN_GROUP, self.received))
+
+    def received(self, message: dict) -> None:
+        """A user's own status: put on the queue of each of their connections here (which validates it)."""
+        subject = (message.get("environment"), message.get("user"))
+        if not all(isinstance(part, str) for part in subject):
+            return
+        held = actions.service().held.get(subject)
+        if held is None:
+            return
+        layer = channel_layer()
+        for connection_id in list(held.connections):
+            conn = self.connections.get(connection_id)
+            if conn is not None:
+                layer.send_local(conn.channel_name, message)
 
     def add(self, conn: object) -> None:
         self.connections[conn.connection_id] = conn

@@ -68,8 +68,9 @@ class Held:
     # A close found only connections still being admitted here and so did not re-pin: if none
     # of them is let in (4429), the refusal does the last close's re-pin and grace check.
     close_owed: bool = False
-    # Invisible as this instance last knew (a re-election after Redis lost the key announces
-    # `online` only to the user's own connections then).
+    # Invisible as this instance last knew: their elections (and a re-election after Redis lost
+    # the key) announce `online` to their own connections only, and they are counted in no
+    # channel's online set. Kept current by the user's own status messages (`heard_visibility`).
     invisible: bool = False
 
     def admitted(self) -> list[str]:

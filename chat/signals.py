@@ -12,7 +12,7 @@ Refused, with an `error` frame and nothing relayed: a channel the sender is not 
 
 An invisible sender's signals are dropped without an error: they look offline to the other
 members, and a typing indicator would give them away; their client, told nothing, behaves as
-it always does (docs/contract.md, Signals).
+it always does (docs/contract.md, "Extensions: signals and paged presence").
 """
 
 import logging

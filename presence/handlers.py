@@ -36,31 +36,34 @@ registry.sends("presence.result", PresenceResult)
 RATE_MESSAGE = "too many presence updates; slow down"
 # Set when the socket URL named a device kind that does not exist (told after the snapshot).
 BAD_DEVICE_KEY = "presence.bad_device"
+# The user's stored status as the connect's database read found it, until the snapshot.
+OWN_STATUS_KEY = "presence.own_status"
 
 
 class RichPresence(registry.Extension):
-    """Reads the user's invisibility for the election, records the device, joins the user's group."""
+    """Reads the user's status for the election and the snapshot, records the device."""
 
     # Before PresenceExtension (10): its election reads INVISIBLE_KEY.
     order = 5
 
-    def load(self, connects: list[tuple[User, frozenset[str]]]) -> list[bool]:
-        """Whether each connecting user is invisible, in one query."""
-        hidden = set(
-            UserStatus.objects.filter(user_id__in=[user.pk for user, _ in connects], invisible=True).values_list(
-                "user_id", flat=True
-            )
-        )
-        return [user.pk in hidden for user, _ in connects]
+    def load(self, connects: list[tuple[User, frozenset[str]]]) -> list[Status]:
+        """Each connecting user's stored status, in one query: the election reads invisibility,
+        and the snapshot the user's own status (a first connect would otherwise read it alone)."""
+        rows = UserStatus.objects.filter(user_id__in=[user.pk for user, _ in connects])
+        stored = {row.user_id: Status.of(row) for row in rows}
+        return [stored.get(user.pk, Status()) for user, _ in connects]
 
     async def admit(self, conn: Connection) -> None:
         raw = conn.query.get("device", [None])[0]
         kind = raw if raw in DEVICES else DEFAULT_DEVICE
         if raw is not None and raw not in DEVICES:
             conn.state[BAD_DEVICE_KEY] = True
-        invisible = conn.loaded.get(self)
-        if invisible is None:
+        own: Status | None = conn.loaded.get(self)
+        if own is None:
             invisible = await actions.read_invisible(conn.environment_id, conn.user_id)
+        else:
+            invisible = own.invisible
+            conn.state[OWN_STATUS_KEY] = own
         conn.state[actions.INVISIBLE_KEY] = invisible
         conn.state[DEVICE_KEY] = Device(kind=kind, idle=False, connected_ms=_now_ms())
 
@@ -110,7 +113,9 @@ async def _sweep_later(service: actions.PresenceService, environment_id: str, us
 
 async def snapshot_status(conn: Connection, online: list[str]) -> tuple[list[str], dict]:
     """The snapshot's `online` without invisible users (but the user), and the status of each."""
-    cached = await status.cached_statuses(conn.environment_id, online)
+    own = conn.state.pop(OWN_STATUS_KEY, None)
+    known = {conn.user_id: own} if own is not None else {}
+    cached = await status.cached_statuses(conn.environment_id, online, known)
     visible = [user_id for user_id in online if user_id == conn.user_id or not cached[user_id][0].invisible]
     return visible, {user_id: cached[user_id][0].out(cached[user_id][1]) for user_id in visible}
 

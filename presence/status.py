@@ -20,11 +20,11 @@ a status never reaches a watcher ahead of the user's `online`, nor after their `
 decided.
 """
 
-import asyncio
+import functools
 import logging
 import uuid
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -43,10 +43,11 @@ from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
 from presence.scripts import ANNOUNCE, VISIBILITY, channels_key, presence_key
 from presence.store import PresenceStore, as_text, record_failure
+from relay.clock import Periodic
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
-from relay.loops import SharedOnce
+from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment, User
 from relay.rate_limits import ConnectionLimit
 
@@ -237,8 +238,11 @@ read_statuses_async = database_sync_to_async(read_statuses, thread_sensitive=Fal
 
 
 # ── reading the cache ────────────────────────────────────────────────────────
-async def cached_statuses(environment_id: str, user_ids: Sequence[str]) -> dict[str, tuple[Status, bool]]:
-    """(status, idle) of each of `user_ids`: from Redis, the misses from the table (written back)."""
+async def cached_statuses(
+    environment_id: str, user_ids: Sequence[str], known: Mapping[str, Status] | None = None
+) -> dict[str, tuple[Status, bool]]:
+    """(status, idle) of each of `user_ids`: from Redis, the misses from `known` (statuses just
+    read from the table) or else from the table, written back."""
     if not user_ids:
         return {}
     store = actions.service().store
@@ -262,7 +266,9 @@ async def cached_statuses(environment_id: str, user_ids: Sequence[str]) -> dict[
         else:
             found[user_id] = (status.effective(), idle_of[user_id])
     if missing:
-        stored = await read_statuses_async(environment_id, missing)
+        known = known or {}
+        unknown = [user_id for user_id in missing if user_id not in known]
+        stored = {**known, **(await read_statuses_async(environment_id, unknown) if unknown else {})}
         for user_id in missing:
             status = stored.get(user_id, Status())
             found[user_id] = (status.effective(), idle_of[user_id])
@@ -524,7 +530,13 @@ class Devices:
 
     def __init__(self) -> None:
         self.connections: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
-        self._task: asyncio.Task | None = None
+        self.rounds = Periodic(
+            self._round,
+            interval=lambda: settings.RELAY_PRESENCE_REFRESH_MS / 1000,
+            clock=lambda: actions.service().clock,
+            failed=functools.partial(record_failure, "status_tick"),
+            wanted=lambda: bool(self.connections) and not actions.service().closed,
+        )
         # Joined once for this loop; later calls return at once.
         self.join = SharedOnce(lambda: channel_layer().route_group(OWN_GROUP, self.received))
 
@@ -544,22 +556,15 @@ class Devices:
 
     def add(self, conn: object) -> None:
         self.connections[conn.connection_id] = conn
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._every_interval())
+        self.rounds.start()
 
     def discard(self, conn: object) -> bool:
         """Forget `conn`; True when it was here (it had opened)."""
         return self.connections.pop(conn.connection_id, None) is not None
 
-    async def _every_interval(self) -> None:
-        service = actions.service()
-        while self.connections and not service.closed:
-            await service.clock.sleep(settings.RELAY_PRESENCE_REFRESH_MS / 1000)
-            try:
-                await self.refresh()
-                await expire_due()
-            except Exception as error:
-                record_failure("status_tick", error)
+    async def _round(self) -> None:
+        await self.refresh()
+        await expire_due()
 
     async def refresh(self) -> None:
         """Keep every local connection's entry counting (one script per user)."""
@@ -574,15 +579,8 @@ class Devices:
                 await announce_idle(environment_id, user_id, changed[1])
 
 
-_devices: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Devices]" = weakref.WeakKeyDictionary()
-
-
-def devices() -> Devices:
-    loop = asyncio.get_running_loop()
-    found = _devices.get(loop)
-    if found is None:
-        found = _devices[loop] = Devices()
-    return found
+# This event loop's connections (made on first use).
+devices = PerLoop(Devices)
 
 
 # ── expiry ───────────────────────────────────────────────────────────────────

@@ -11,7 +11,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from relay.asgi import application
 from relay.models import Environment, User
@@ -123,6 +125,30 @@ def test_the_sign_in_returns_the_users_channels_with_their_members(local, demo_o
     assert fleet["id"] == str(local.channels.get(name="fleet").id)
     assert fleet["members"] == [{"id": "linh", "name": "Linh"}, {"id": "tuan", "name": "Tuan"}]
     assert [member["id"] for member in general["members"]] == ["an", "linh", "mai", "tuan"]
+
+
+def test_the_sign_in_counts_a_large_channel_instead_of_listing_its_members(local, demo_on):
+    local.large_room_members = 3
+    local.save(update_fields=["large_room_members"])
+    fleet, general = sign_in("linh").json()["channels"]
+    # general has four members, more than 3: counted; fleet has two: listed.
+    assert (general["large"], general["member_count"], general["members"]) == (True, 4, [])
+    assert (fleet["large"], fleet["member_count"]) == (False, 2)
+    assert [member["id"] for member in fleet["members"]] == ["linh", "tuan"]
+
+
+def test_the_sign_in_reads_no_member_of_a_large_channel(local, demo_on):
+    def user_reads() -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            assert sign_in("linh").status_code == 200
+        return [query["sql"] for query in queries if 'FROM "relay_user"' in query["sql"]]
+
+    # Small channels: the signed-in user, then one read of all their channels' members.
+    assert len(user_reads()) == 2
+    local.large_room_members = 1
+    local.save(update_fields=["large_room_members"])
+    # Both channels large: only the signed-in user is read.
+    assert len(user_reads()) == 1
 
 
 def test_an_unknown_user_is_404_and_gets_no_token(local, demo_on):

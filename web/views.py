@@ -5,7 +5,7 @@ The sign-in mints a connection token for any user of the `local` environment tha
 on, and answers 404 otherwise.
 """
 
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, prefetch_related_objects
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
@@ -65,19 +65,28 @@ def demo_session(request: HttpRequest) -> HttpResponse:
         raise ApiError(404, "environment_not_found", "no 'local' environment: run `python manage.py setupdemo`")
     user = get_user(environment, body.user)
     token, expires_at = mint_token(environment, user.external_id, DEMO_TOKEN_TTL_SECONDS)
-    channels = (
-        Channel.objects.filter(environment=environment, memberships__user=user)
-        .prefetch_related(Prefetch("members", queryset=User.objects.order_by("external_id")))
+    # Selected through a subquery: a filter on memberships would also narrow the count to the user's own.
+    channels = list(
+        Channel.objects.filter(environment=environment, id__in=user.memberships.values("channel_id"))
+        .annotate(member_count=Count("memberships"))
         .order_by("name", "id")
     )
+    # A large channel's people are counted, not named (docs/contract.md, Large rooms): the page
+    # shows its online count, so its members, thousands of them, are not read at all.
+    large = {channel.id for channel in channels if channel.member_count > environment.large_room_members}
+    small = [channel for channel in channels if channel.id not in large]
+    prefetch_related_objects(small, Prefetch("members", queryset=User.objects.order_by("external_id")))
     return JsonResponse(
         {
             "token": token,
             "expires_at": expires_at.isoformat(),
             "user": user_json(user),
-            "channels": [
-                {**channel_json(channel), "members": [user_json(member) for member in channel.members.all()]}
-                for channel in channels
-            ],
+            "channels": [session_channel_json(channel, channel.id in large) for channel in channels],
         }
     )
+
+
+def session_channel_json(channel: Channel, large: bool) -> dict:
+    """A channel of the session: `large`, `member_count`, and `members` unless it is large."""
+    members = [] if large else [user_json(member) for member in channel.members.all()]
+    return {**channel_json(channel), "large": large, "member_count": channel.member_count, "members": members}

@@ -18,7 +18,7 @@
 
 /** @typedef {{connection_id: string, user: string, channels: string[]}} ConnectionAck */
 /** @typedef {{status: string, text: string, emoji: string, until: string | null, idle: boolean}} Status */
-/** @typedef {{online: string[], status?: Record<string, Status>}} PresenceSnapshot */
+/** @typedef {{online: string[], status?: Record<string, Status>, occupancy?: Record<string, number>}} PresenceSnapshot */
 /** @typedef {Status & {user: string, invisible?: boolean}} PresenceStatus */
 /**
  * @typedef {object} PresenceRequest a presence.set or presence.query waiting for its answer
@@ -29,6 +29,11 @@
  * @property {number | null} sent the connection serial it was last sent on
  */
 /** @typedef {{user: string, state: "online" | "offline"}} PresenceChanged */
+/**
+ * @typedef {{channel: string, online: number | null}} PresenceOccupancy how many members of a large
+ * channel are online; null: a new connection's snapshot no longer counts the channel (it became
+ * small, or the user left it), and its people come as "presence" events
+ */
 /** @typedef {{idem_key: string, id: string, channel: string, seq: number}} MessageAck */
 /** @typedef {{id: string, channel: string, seq: number, user: string, text: string, created_at: string}} MessageCreated */
 /** @typedef {{channel: string, user: string, name: string, data: Record<string, unknown>}} Signal */
@@ -47,6 +52,9 @@
  * The events a RelayClient dispatches (each a CustomEvent whose `detail` is shown):
  * - "presence": PresenceChanged. After a reconnect, the differences from the new snapshot come as these.
  * - "status": PresenceStatus, a co-member's (or the user's own, with `invisible`) status changed.
+ * - "occupancy": PresenceOccupancy, the count of a large channel's online members changed (its people
+ *   are counted, not named: docs/contract.md, Large rooms). After a reconnect, the differences from
+ *   the new snapshot come as these.
  * - "message": MessageCreated, each once and in seq order per channel.
  * - "signal": Signal, another member's signal (e.g. "typing") in one of the user's channels; never stored.
  * - "relay-error": ErrorPayload, an `error` frame that answered no send (a refused signal among them).
@@ -54,7 +62,7 @@
  * - "disconnected": {code: number, retryInMs: number}; `online` is the last view until "reconnected".
  * - "reconnected": ConnectionAck.
  * - "stopped": {code: number}: refused (4401, 4429) with no new token; the client will not reconnect.
- * @typedef {"presence" | "status" | "message" | "signal" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
+ * @typedef {"presence" | "status" | "occupancy" | "message" | "signal" | "relay-error" | "connected" | "disconnected" | "reconnected" | "stopped"} RelayEventType
  */
 
 // Past this many characters of cursor the URL would near the server's 16 KB request head: the
@@ -74,10 +82,11 @@ const HISTORY_PAGE = 500; // the endpoint's largest page
 /** @type {Record<string, Record<string, string>>} */
 const SHAPES = {
   "connection.ack": { connection_id: "string", user: "string", channels: "string[]" },
-  "presence.snapshot": { online: "string[]", status: "object?" },
+  "presence.snapshot": { online: "string[]", status: "object?", occupancy: "counts?" },
   "presence.status": { user: "string", status: "string", text: "string", emoji: "string", until: "string|null", idle: "bool" },
   "presence.result": { users: "object" },
   "presence.changed": { user: "string", state: "state" },
+  "presence.occupancy": { channel: "string", online: "count" },
   "message.ack": { idem_key: "string", id: "string", channel: "string", seq: "seq" },
   "message.created": { id: "string", channel: "string", seq: "seq", user: "string", text: "string", created_at: "string" },
   signal: { channel: "string", user: "string", name: "string", data: "object" },
@@ -90,12 +99,24 @@ const FITS = {
   "string?": (value) => value === undefined || typeof value === "string",
   "string[]": (value) => Array.isArray(value) && value.every((item) => typeof item === "string"),
   seq: (value) => Number.isSafeInteger(value),
+  count: isCount,
+  "counts?": (value) => value === undefined || (isObject(value) && Object.values(value).every(isCount)),
   state: (value) => value === "online" || value === "offline",
   "string|null": (value) => value === null || typeof value === "string",
   bool: (value) => typeof value === "boolean",
-  "object?": (value) => value === undefined || (!!value && typeof value === "object" && !Array.isArray(value)),
-  object: (value) => value !== null && typeof value === "object" && !Array.isArray(value),
+  "object?": (value) => value === undefined || isObject(value),
+  object: isObject,
 };
+
+/** @param {unknown} value */
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+/** @param {unknown} value */
+function isCount(value) {
+  return Number.isSafeInteger(value) && /** @type {number} */ (value) >= 0;
+}
 
 export const DEVICES = ["web", "mobile", "desktop", "bot"];
 
@@ -155,6 +176,8 @@ export class RelayClient extends EventTarget {
   #presenceRequests = [];
   /** @type {Set<string>} */
   #online = new Set();
+  /** @type {Map<string, number>} large channel -> how many of its members are online */
+  #occupancy = new Map();
   /** @type {Map<string, number>} channel -> highest contiguous seq delivered */
   #positions;
   /** @type {Map<string, Map<number, MessageCreated>>} channel -> seqs held behind a gap */
@@ -221,6 +244,15 @@ export class RelayClient extends EventTarget {
   /** The user ids online among the user's co-members: the snapshot, then every change. */
   get online() {
     return new Set(this.#online);
+  }
+
+  /**
+   * How many members are online in each of the user's large channels (channel id -> count): the
+   * snapshot, then every `presence.occupancy`. A channel here is counted, not named: its people
+   * are in `online` only when they share another, small channel with the user.
+   */
+  get occupancy() {
+    return new Map(this.#occupancy);
   }
 
   /** Each online co-member's status (and the user's): {status, text, emoji, until, idle}. */
@@ -523,6 +555,9 @@ export class RelayClient extends EventTarget {
         this.#statuses.delete(payload.user);
       }
       this.#emit("presence", payload);
+    } else if (type === "presence.occupancy") {
+      this.#occupancy.set(payload.channel, payload.online);
+      this.#emit("occupancy", { channel: payload.channel, online: payload.online });
     } else if (type === "presence.status") {
       const { user, status, text, emoji, until, idle } = payload;
       this.#statuses.set(user, { status, text, emoji, until, idle });
@@ -552,11 +587,13 @@ export class RelayClient extends EventTarget {
   }
 
   /** @param {PresenceSnapshot} snapshot */
-  #onSnapshot({ online, status = {} }) {
+  #onSnapshot({ online, status = {}, occupancy = {} }) {
     const now = new Set(online);
+    const counts = new Map(Object.entries(occupancy));
     this.#statuses = new Map(Object.entries(status));
     if (this.#ready) {
       this.#online = now;
+      this.#occupancy = counts;
       this.#ready.resolve();
       this.#ready = null;
       return;
@@ -569,6 +606,15 @@ export class RelayClient extends EventTarget {
     for (const user of [...this.#online].filter((user) => !now.has(user)).sort()) {
       this.#online.delete(user);
       this.#emit("presence", { user, state: "offline" });
+    }
+    const before = this.#occupancy;
+    this.#occupancy = counts;
+    for (const channel of [...counts.keys()].sort()) {
+      const count = /** @type {number} */ (counts.get(channel));
+      if (before.get(channel) !== count) this.#emit("occupancy", { channel, online: count });
+    }
+    for (const channel of [...before.keys()].filter((channel) => !counts.has(channel)).sort()) {
+      this.#emit("occupancy", { channel, online: null });
     }
   }
 

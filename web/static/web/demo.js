@@ -6,7 +6,11 @@ import { CLOSE_TOO_MANY, CLOSE_UNAUTHORIZED, RelayClient } from "./client.js";
 
 /** @typedef {import("./client.js").MessageCreated} MessageCreated */
 /** @typedef {{id: string, name: string}} Member */
-/** @typedef {{id: string, name: string, type: string, members: Member[]}} Channel */
+/**
+ * A channel of the session; a large one comes without its members (`members` is empty): the page
+ * shows how many are online instead (docs/contract.md, Large rooms).
+ * @typedef {{id: string, name: string, type: string, large: boolean, member_count: number, members: Member[]}} Channel
+ */
 /** @typedef {{token: string, user: Member, channels: Channel[]}} Session */
 
 const SESSION_KEY = "relay.demo.session";
@@ -91,6 +95,9 @@ function start(session) {
     if (/** @type {CustomEvent} */ (event).detail.state === "offline") refreshLastSeen();
     renderMembers();
   });
+  client.addEventListener("occupancy", (event) => {
+    if (/** @type {CustomEvent} */ (event).detail.channel === state.selected) renderMembers();
+  });
   client.addEventListener("status", () => {
     renderMembers();
     renderOwnStatus();
@@ -102,8 +109,12 @@ function start(session) {
     showStatus("connected", `The server refused a ${type || "frame"}: ${code}: ${message}`);
   });
   showStatus("connecting", "Connecting…");
-  // A refusal is handled by "stopped"; the promise only says the first snapshot is in.
-  client.connect().catch(() => {});
+  // A refusal is handled by "stopped"; the promise only says the first snapshot is in, and with
+  // it the large channels' counts (no event brings them).
+  client.connect().then(
+    () => client === state.client && renderMembers(),
+    () => {},
+  );
 }
 
 /** @param {RelayClient} client */
@@ -302,10 +313,17 @@ function renderChannelList() {
 
 function renderMembers() {
   if (!state.session) return;
+  const channel = selectedChannel();
   // Nobody's presence is known while disconnected: the dots go grey until the next snapshot.
   const online = state.client?.connected ? state.client.online : new Set();
+  const count = state.client?.connected && channel ? state.client.occupancy.get(channel.id) : undefined;
+  // Counted: large when signed in, or turned large since (its first presence.occupancy).
+  if (channel && (channel.large || count !== undefined)) {
+    $("members").replaceChildren(occupancyItem(channel, count));
+    return;
+  }
   const statuses = state.client?.statuses ?? {};
-  const members = selectedChannel()?.members ?? [];
+  const members = channel?.members ?? [];
   const items = members.map((member) => {
     const presence = online.has(member.id) ? "online" : "offline";
     const you = member.id === state.session?.user.id ? " (you)" : "";
@@ -332,6 +350,23 @@ function renderMembers() {
     );
   });
   $("members").replaceChildren(...items);
+}
+
+/**
+ * One line for a large channel: "12 online of 4,000 members" (the count unknown while disconnected).
+ * @param {Channel} channel
+ * @param {number | undefined} count
+ */
+function occupancyItem(channel, count) {
+  const presence = count ? "online" : "offline";
+  return el(
+    "li",
+    { "data-occupancy": count ?? "", "data-presence": presence },
+    el("span", { class: "dot", "aria-hidden": "true" }),
+    el("span", { class: "online-count" }, `${count ?? "…"} online`),
+    " ",
+    el("span", { class: "member-count" }, `of ${channel.member_count.toLocaleString()} members`),
+  );
 }
 
 /** @param {string} userId */

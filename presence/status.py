@@ -50,6 +50,7 @@ from relay.logging import Event, log_event
 from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment, User
 from relay.rate_limits import ConnectionLimit
+from webhooks import outbox
 
 logger = logging.getLogger("presence")
 
@@ -589,11 +590,15 @@ def claim_expired(now: datetime) -> list[tuple[str, User, Status]]:
     of several instances sweeping at once exactly one claims (and announces) each expiry."""
     claimed = []
     for row in UserStatus.objects.filter(until__lte=now).select_related("user")[:500]:
-        if UserStatus.objects.filter(pk=row.pk, until=row.until).update(
-            status="available", text="", emoji="", until=None
-        ):
+        with transaction.atomic():
+            if not UserStatus.objects.filter(pk=row.pk, until=row.until).update(
+                status="available", text="", emoji="", until=None
+            ):
+                continue
             row.status, row.text, row.emoji, row.until = "available", "", "", None
-            claimed.append((str(row.user.environment_id), row.user, Status.of(row)))
+            # An UPDATE sends no post_save: the claim writes its webhook event in its own transaction.
+            outbox.record_status(row)
+        claimed.append((str(row.user.environment_id), row.user, Status.of(row)))
     return claimed
 
 

@@ -4,23 +4,29 @@ The live half (real instances, a real receiver) is tests/test_webhooks_live.py.
 """
 
 import json
+import socket
+import time
 import zlib
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import transaction
 from django.test import override_settings
 from django.urls import reverse
+from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from agents import actions as agent_actions
 from agents.models import Registration
 from chat.actions import send_message
 from presence.keys import BUCKETS, user_bucket
-from relay.frames import Capability
-from relay.models import Membership
+from presence.models import UserStatus
+from presence.queries import mark_last_seen
+from presence.status import claim_expired, write_status
+from relay.frames import Capability, PresenceSet
+from relay.models import Environment, Membership
 from webhooks import events
-from webhooks.addresses import RefusedUrl, check_url
+from webhooks.addresses import PublicResolver, RefusedAddress, RefusedUrl, check_url
 from webhooks.models import Delivery, Endpoint
 from webhooks.signing import signed_headers
 from webhooks.stream import LUA_BUCKET
@@ -120,6 +126,18 @@ def test_private_hosts_are_accepted_when_allowed(acme, api_for, settings):
     assert create(api_for(acme)).status_code == 201
 
 
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "169.254.169.254", "10.1.2.3"])
+async def test_the_delivery_resolver_refuses_what_the_address_rule_refuses(host, settings):
+    # aiohttp's own resolver underneath: `localhost` is a name the machine answers with loopback.
+    resolver = PublicResolver()
+    settings.RELAY_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(RefusedAddress):
+        await resolver.resolve(host, 443, socket.AF_UNSPEC)
+    assert [a["host"] for a in await resolver.resolve("93.184.215.14", 443)] == ["93.184.215.14"]
+    settings.RELAY_WEBHOOK_ALLOW_PRIVATE = True
+    assert await resolver.resolve(host, 443, socket.AF_UNSPEC)
+
+
 def test_the_endpoints_are_in_the_openapi_document(api_for):
     paths = api_for(None).call("GET", "/v1/openapi.json").json()["paths"]
     assert set(paths["/v1/webhooks"]) >= {"get", "post"}
@@ -148,6 +166,41 @@ def test_member_changes_write_their_events_in_their_own_transaction(acme, globex
         raise RuntimeError("rolled back")
     assert len(bodies("member.added")) == 1
     assert not Delivery.objects.filter(endpoint_id=other).exists()
+
+
+BUSY = {"status": "busy", "text": "in a meeting", "emoji": ":calendar:"}
+
+
+def status_set(acme, user_id: str, **fields: object) -> None:
+    write_status(str(acme.environment.id), acme.users[user_id], PresenceSet.model_validate(fields), channels=[])
+
+
+def test_every_status_change_writes_one_user_status_event_and_nothing_else_does(acme, api_for):
+    create(api_for(acme), kinds=["user.status"])
+    Environment.objects.filter(pk=acme.environment.pk).update(allow_invisible=True)
+    status_set(acme, "tuan", **BUSY, until="2099-01-01T00:00:00Z")
+    assert [b["data"] for b in bodies("user.status")] == [
+        {"user": "tuan", **BUSY, "until": "2099-01-01T00:00:00.000Z", "invisible": False}
+    ]
+    # The same set again, a last-seen and a rolled-back change send nothing.
+    status_set(acme, "tuan", **BUSY)
+    mark_last_seen([(str(acme.environment.id), "tuan")], time.time())
+    with pytest.raises(RuntimeError), transaction.atomic():
+        status_set(acme, "tuan", status="away")
+        raise RuntimeError("rolled back")
+    assert len(bodies("user.status")) == 1
+    status_set(acme, "tuan", invisible=True)
+    assert bodies("user.status")[1]["data"] == {"user": "tuan", **BUSY, "until": "2099-01-01T00:00:00.000Z"} | {
+        "invisible": True
+    }
+    # An expiry is claimed, and sent, once however many sweeps run.
+    UserStatus.objects.filter(user=acme.users["tuan"]).update(until=timezone.now() - timedelta(seconds=1))
+    assert [user.external_id for _, user, _ in claim_expired(timezone.now())] == ["tuan"]
+    assert claim_expired(timezone.now()) == []
+    assert [b["data"] for b in bodies("user.status")][2:] == [
+        {"user": "tuan", "status": "available", "text": "", "emoji": "", "until": None, "invisible": True}
+    ]
+    assert Delivery.objects.count() == 3
 
 
 def test_an_endpoint_gets_only_the_events_it_subscribed_to(acme, api_for):

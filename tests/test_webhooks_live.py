@@ -1,13 +1,17 @@
 """Webhooks against real instances, a real Redis and a real local receiver (docs/webhooks.md)."""
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
+from channels.db import database_sync_to_async
 from django.conf import settings
 from standardwebhooks.webhooks import Webhook
 
 from devtools.embedded_redis import EmbeddedRedis
 from presence.scripts import marker_key, presence_key
-from tests.support import close_all, connect, heard, http, timings, until, write_lock_held
+from tests.support import close_all, connect, heard, http, lines, timings, until, write_lock_held
 from tests.webhook_helpers import Receiver, listening
+from webhooks.models import Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -60,6 +64,53 @@ async def test_two_instances_send_one_event_per_transition_signed(live_instances
     assert {e["type"] for e in events} == {"user.online", "user.offline", "channel.occupied", "channel.vacated"}
     assert set(offline[0].event["data"]) == {"user", "last_seen_at"}
     assert len({r.id for r in receiver.delivered()}) == len(receiver.delivered())
+
+
+async def test_each_status_change_is_one_event_whichever_way_it_was_made(live_instances, acme, receiver, staff):
+    gw0, gw1 = live_instances(2, **timings(**FAST))
+    secret = subscribe(gw0, acme, receiver.url, ["user.status"])["secret"]
+    # Someone on each instance: both sweep for expiries.
+    linh, tuan = await connect(gw0, acme, "linh"), await connect(gw1, acme, "tuan")
+    until_soon = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
+    await tuan.send("presence.set", {"status": "busy", "text": "in a meeting", "until": until_soon})
+    (busy,) = await receiver.wait("user.status", status="busy")
+    await receiver.wait("user.status", status="available")
+    assert http("PUT", f"{gw0.http_url}/v1/users/tuan/status", {"status": "away"}, acme.api_key)[0] == 200
+    await receiver.wait("user.status", status="away")
+    # The same status again is no change; tuan hearing it back means it was stored.
+    await tuan.send("presence.set", {"status": "away"})
+    await tuan.wait_for(lambda c: len([p for p in c.of_type("presence.status") if p["user"] == "tuan"]) >= 4)
+    response = await database_sync_to_async(staff.post)(
+        f"/admin/presence/userstatus/{acme.users['tuan'].pk}/change/",
+        {"status": "dnd", "text": "focus", "emoji": "", "until_0": "", "until_1": "", "invisible": ""},
+    )
+    assert response.status_code == 302
+    await receiver.wait("user.status", status="dnd")
+    rows = await database_sync_to_async(lambda: Delivery.objects.filter(event_type="user.status").count())()
+    events = verified(secret, receiver.delivered())
+    assert [e["data"]["status"] for e in events] == ["busy", "available", "away", "dnd"] and rows == 4
+    data = busy.event["data"]
+    assert data == {"user": "tuan", "status": "busy", "text": "in a meeting", "emoji": ""} | {
+        "until": data["until"],
+        "invisible": False,
+    }
+    assert abs(datetime.fromisoformat(data["until"]) - datetime.fromisoformat(until_soon)) < timedelta(milliseconds=1)
+    # Both instances swept the expiry; one claimed it.
+    assert len(lines([gw0, gw1], "presence.status_expired", user="tuan")) == 1
+    await close_all(linh, tuan)
+
+
+async def test_an_expiry_is_sent_once_while_nobody_is_connected_anywhere(live_instances, acme, receiver):
+    gw0, gw1 = live_instances(2, **timings(**FAST))
+    subscribe(gw0, acme, receiver.url, ["user.status"])
+    await listening([gw0, gw1])
+    until_soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    body = {"status": "away", "text": "lunch", "until": until_soon}
+    assert http("PUT", f"{gw1.http_url}/v1/users/hermit/status", body, acme.api_key)[0] == 200
+    await receiver.wait("user.status", user="hermit", status="available")
+    rows = await database_sync_to_async(lambda: Delivery.objects.filter(event_type="user.status").count())()
+    assert [r.event["data"]["status"] for r in receiver.delivered()] == ["away", "available"] and rows == 2
+    assert len(lines([gw0, gw1], "presence.status_expired", user="hermit")) == 1
 
 
 async def test_the_publishers_sigkill_right_after_the_transition_still_delivers(

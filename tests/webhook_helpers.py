@@ -1,6 +1,7 @@
 """A real local HTTP receiver for webhooks, and the waits the live webhook tests share."""
 
 import json
+import ssl
 import threading
 import urllib.request
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ class Receiver:
     port: int = field(default_factory=free_port)
     requests: list[Received] = field(default_factory=list)
     hanging: int = 0
+    # Serve HTTPS with this context (its certificate) instead of HTTP.
+    tls: ssl.SSLContext | None = None
     _server: ThreadingHTTPServer | None = None
     _release: threading.Event = field(default_factory=threading.Event)
 
@@ -70,6 +73,8 @@ class Receiver:
 
         self._release.clear()
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

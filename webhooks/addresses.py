@@ -1,19 +1,33 @@
 """Where a webhook may go: http(s) URLs whose host resolves to public addresses only.
 
-Checked when an endpoint is created and again before every attempt, since what a name resolves
-to can change after it was accepted. RELAY_WEBHOOK_ALLOW_PRIVATE lifts the address rule (a
-receiver on the same machine or network: `make run`, the tests).
+Checked when an endpoint is created, and at every connection by the delivery client's resolver
+(`PublicResolver`): the addresses it checked are the ones the client connects to, so a name that
+answers a public address to one lookup and a private one to the next (DNS rebinding) cannot slip
+a connection inward. RELAY_WEBHOOK_ALLOW_PRIVATE lifts the address rule (a receiver on the same
+machine or network: `make run`, the tests).
 """
 
 import ipaddress
 import socket
 from urllib.parse import urlsplit
 
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 from django.conf import settings
 
 
 class RefusedUrl(ValueError):
     """A URL no delivery may go to; the message says why, without echoing the URL."""
+
+
+class RefusedAddress(OSError):
+    """A name that resolved to an address no delivery may connect to (an OSError: a failed lookup to aiohttp)."""
+
+
+REFUSED_ADDRESS = (
+    "the url's host resolves to a loopback, private or link-local address "
+    "(allowed only with RELAY_WEBHOOK_ALLOW_PRIVATE=1)"
+)
 
 
 def check_scheme(url: str) -> str:
@@ -46,7 +60,10 @@ def _forbidden(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
 
 
 def check_url(url: str) -> None:
-    """Raise RefusedUrl unless `url` is http(s) and (unless allowed) its host resolves to public addresses only."""
+    """Raise RefusedUrl unless `url` is http(s) and (unless allowed) its host resolves to public addresses only.
+
+    An endpoint's check when it is created; deliveries are checked as they connect (below).
+    """
     host = check_scheme(url)
     if settings.RELAY_WEBHOOK_ALLOW_PRIVATE:
         return
@@ -54,10 +71,51 @@ def check_url(url: str) -> None:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
         raise RefusedUrl("the url's host does not resolve") from None
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if _forbidden(address):
-            raise RefusedUrl(
-                "the url's host resolves to a loopback, private or link-local address "
-                "(allowed only with RELAY_WEBHOOK_ALLOW_PRIVATE=1)"
-            )
+    if any(_forbidden(_address(info[4][0])) for info in infos):
+        raise RefusedUrl(REFUSED_ADDRESS)
+
+
+def check_literal(url: str) -> None:
+    """Raise RefusedUrl unless `url` is http(s) and (unless allowed) its host, if an IP address, is public.
+
+    An attempt's check: aiohttp connects to an address in the URL without asking its resolver,
+    and a name is checked by `PublicResolver` as the connection resolves it.
+    """
+    host = check_scheme(url)
+    if settings.RELAY_WEBHOOK_ALLOW_PRIVATE:
+        return
+    try:
+        address = _address(host)
+    except ValueError:
+        return
+    if _forbidden(address):
+        raise RefusedUrl(REFUSED_ADDRESS)
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    # A scoped IPv6 address (fe80::1%eth0) is judged by its address.
+    return ipaddress.ip_address(text.split("%", 1)[0])
+
+
+class PublicResolver(AbstractResolver):
+    """aiohttp's resolver, refusing a name with any address a webhook may not reach.
+
+    The delivery client connects only to the addresses this returns, and TLS still verifies the
+    certificate against the URL's name (aiohttp passes it as the server name), so what was
+    checked is what is connected to.
+    """
+
+    def __init__(self) -> None:
+        self._resolver = DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        """The name's addresses, or RefusedAddress when one of them is not public (unless allowed)."""
+        answers = await self._resolver.resolve(host, port, family)
+        if not settings.RELAY_WEBHOOK_ALLOW_PRIVATE and any(_forbidden(_address(a["host"])) for a in answers):
+            raise RefusedAddress(REFUSED_ADDRESS)
+        return answers
+
+    async def close(self) -> None:
+        await self._resolver.close()

@@ -1,16 +1,18 @@
 """The transactional outbox: an event decided in the database is written in the same transaction.
 
 Each receiver below runs inside the transaction of the change it reports (an API call's
-`atomic`, a deletion's collector, the agent registry's writes), so the Delivery rows commit or
-roll back with the change: a committed member, message or agent change always has its
-deliveries, and a rolled-back one never does. bulk_create() sends no signals and so no events
-(it builds worlds nobody is connected to: setupdemo, the benchmark).
+`atomic`, a deletion's collector, the agent registry's writes, a status set or admin edit), so
+the Delivery rows commit or roll back with the change: a committed member, message, agent or
+status change always has its deliveries, and a rolled-back one never does. A status expiry is
+an UPDATE, not a save: its claim (presence/status.py) calls `record_status` in its transaction.
+bulk_create() sends no signals and so no events (it builds worlds nobody is connected to:
+setupdemo, the benchmark).
 """
 
 import functools
 
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 from django.utils import timezone
 
@@ -18,6 +20,8 @@ from agents import actions as agent_actions
 from agents.models import Registration
 from chat.models import Message
 from chat.queries import message_json
+from presence.models import UserStatus
+from relay.frames import format_instant
 from relay.models import Membership, User
 from webhooks import events, worker
 from webhooks.models import Delivery, Endpoint
@@ -86,3 +90,33 @@ def _agent_saved(sender: type, instance: Registration, created: bool, **kwargs: 
 def _agent_deleted(sender: type, instance: Registration, **kwargs: object) -> None:
     reason = agent_actions.removal_reason.get()
     record(instance.environment_id, events.AGENT_REMOVED, {"instance": instance.instance, "reason": reason})
+
+
+# What a `user.status` event carries of the row besides the user: a save that changes none of
+# them (an unchanged set, `last_seen_at`) sends nothing.
+STATUS_FIELDS = ("status", "text", "emoji", "until", "invisible")
+DEFAULT_STATUS = tuple(UserStatus._meta.get_field(name).get_default() for name in STATUS_FIELDS)
+
+
+def record_status(row: UserStatus) -> None:
+    """Write the `user.status` event of a status row as it now stands; call inside its transaction."""
+    data = {"user": row.user.external_id, "status": row.status, "text": row.text, "emoji": row.emoji}
+    data.update(until=format_instant(row.until), invisible=row.invisible)
+    record(row.user.environment_id, events.USER_STATUS, data)
+
+
+@receiver(pre_save, sender=UserStatus)
+def _remember_the_old_status(sender: type, instance: UserStatus, **kwargs: object) -> None:
+    rows = UserStatus.objects.filter(pk=instance.pk)
+    if transaction.get_connection().in_atomic_block:
+        # Locked until the commit: of two edits of one row, the second compares with the first's.
+        rows = rows.select_for_update()
+    instance._old_status = rows.values_list(*STATUS_FIELDS).first()
+
+
+@receiver(post_save, sender=UserStatus)
+def _status_saved(sender: type, instance: UserStatus, **kwargs: object) -> None:
+    # Every save, whoever made it (presence.set, PUT, admin): one event when the status changed.
+    old = getattr(instance, "_old_status", None) or DEFAULT_STATUS
+    if old != tuple(getattr(instance, name) for name in STATUS_FIELDS):
+        record_status(instance)

@@ -1,5 +1,8 @@
 """The webhook worker of one instance: it reads the presence streams and delivers due rows.
 
+It also sweeps passed status expiries (presence/status.py) while an environment listens, so
+their `user.status` goes out when no connection is held anywhere.
+
 It starts on the event loop of the instance's first request or connection (Daphne has no
 start-up hook; a load balancer's health probe is usually first) and runs as long as that loop.
 Its database work runs on its own thread (one: on SQLite two would wait on each other's write
@@ -16,14 +19,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiohttp
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from relay.logging import Event, log_event
-from webhooks import addresses, delivery, events, metrics, stream
+from webhooks import delivery, events, metrics, stream
 
 logger = logging.getLogger("webhooks")
 
@@ -92,16 +94,7 @@ class Worker:
         self.attempts: set[asyncio.Task] = set()
         self.outcomes: list[delivery.Outcome] = []
         self.recorded = asyncio.Event()
-        # aiohttp rather than httpx: its pool kept eight concurrent requests to one receiver at a
-        # hundred a second on this machine (bench/webhooks.py), aiohttp at thousands.
-        self.client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
-            timeout=aiohttp.ClientTimeout(total=settings.RELAY_WEBHOOK_TIMEOUT_MS / 1000),
-            # Cookies a receiver sets are never sent back, to it or to another tenant's endpoint.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-            auto_decompress=False,
-        )
+        self.client = delivery.new_client()
         self.consumer = stream.Consumer(on_webhook_threads(write_stream_rows))
 
     def start(self) -> None:
@@ -110,6 +103,7 @@ class Worker:
             ("stream", self._consume),
             ("delivery", self._deliver),
             ("record", self._record),
+            ("expiries", self._expire_statuses),
         ):
             self.tasks.append(self.loop.create_task(work(), name=f"webhooks.{name}"))
 
@@ -126,6 +120,21 @@ class Worker:
             except Exception as error:
                 log_event(logger, Event.WEBHOOK_ENVIRONMENTS_FAILED, logging.ERROR, error=type(error).__name__)
             await self._pause(stream.REFRESH_ENVIRONMENTS_S)
+
+    async def _expire_statuses(self) -> None:
+        # Presence sweeps passed status expiries only while this instance holds connections (it
+        # has watchers to tell); a listening backend is told of one though nobody is connected.
+        # Sweeps running at once are safe: each expiry is claimed by one (presence/status.py).
+        from presence.status import expire_due
+        from presence.store import record_failure
+
+        while not self.stopping.is_set():
+            if stream.known.ids:
+                try:
+                    await expire_due()
+                except Exception as error:
+                    record_failure("status_expiry", error)
+            await self._pause(settings.RELAY_PRESENCE_REFRESH_MS / 1000)
 
     async def _consume(self) -> None:
         async def written(rows: list[tuple]) -> None:
@@ -176,11 +185,7 @@ class Worker:
                 self.wanted.set()
 
     async def _send(self, row: delivery.Claimed) -> None:
-        check = None
-        if not settings.RELAY_WEBHOOK_ALLOW_PRIVATE:
-            # Resolved again at each attempt: a name accepted at creation may point inward now.
-            check = self.loop.run_in_executor(EXECUTOR, addresses.check_url, row.url)
-        outcome = await delivery.attempt(self.client, row, check)
+        outcome = await delivery.attempt(self.client, row)
         self.outcomes.append(outcome)
         self.recorded.set()
 

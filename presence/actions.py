@@ -20,9 +20,9 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
-from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen
+from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen, members_seeing_only
 from presence.scripts import member, split_member
-from presence.store import REAP_BATCH, PresenceStore, Timings, record_failure
+from presence.store import REAP_BATCH, Election, PresenceStore, Timings, record_failure
 from relay import close_codes, metrics
 from relay.clock import Clock, LoopClock, Periodic, Timer
 from relay.exceptions import ConnectionRefused
@@ -92,14 +92,19 @@ class Owed:
 
 
 def _group_sends(
-    user_id: str, state: State, channels: Sequence[str], transition_id: str, hidden: bool = False
+    user_id: str,
+    state: State,
+    channels: Sequence[str],
+    transition_id: str,
+    hidden: bool = False,
+    audience: list[str] | None = None,
 ) -> list[tuple[str, dict]]:
-    """One transition as a message for the group of each of `channels`.
+    """One transition as a message for the group of each of `channels` (for `audience` alone, if given).
 
     `hidden`: the user is invisible, so only their own connections hear it (docs/contract.md,
     Rich presence): others were told `offline` when they turned invisible.
     """
-    audience = [user_id] if hidden else None
+    audience = [user_id] if hidden else audience
     return [
         (
             group_name(channel_id),
@@ -127,6 +132,7 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
 read_channel_ids = database_sync_to_async(channel_ids_of_member, thread_sensitive=False)
 read_invisible = database_sync_to_async(is_invisible, thread_sensitive=False)
 write_last_seen = database_sync_to_async(mark_last_seen, thread_sensitive=False)
+read_members_seeing_only = database_sync_to_async(members_seeing_only, thread_sensitive=False)
 
 # Where a connection keeps whether its user was invisible when it connected (presence/status.py).
 INVISIBLE_KEY = "presence.invisible"
@@ -156,15 +162,19 @@ class PresenceService:
         self._tasks: set[asyncio.Task] = set()
         # Resolved by the next refresh Redis answers (`next_answer`).
         self._answered: asyncio.Future | None = None
+        # The first epoch an election here answered (`_unsettled`).
+        self._first_epoch: str | None = None
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
         self, conn: Connection, watch: Sequence[str], large: Collection[str] = ()
-    ) -> tuple[list[str], dict[str, int]] | None:
+    ) -> tuple[list[str], dict[str, int], int] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
         Returns which of `watch` are online and how many are in each `large` channel, read in
-        the same round trip after the election (None when Redis did not answer). Raises
+        the same round trip after the election, and for how long (ms) that read may still miss
+        users whose holders have not re-elected them in a Redis that lost its data (0: it
+        cannot); None when Redis did not answer. Raises
         ConnectionRefused(4429) when the user already holds the maximum of connections
         anywhere; nothing is changed then. With Redis unreachable the connection is admitted
         (presence must not take sockets down with it) and the refresh announces it later.
@@ -220,7 +230,23 @@ class PresenceService:
             await self.publish(
                 conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
             )
-        return election.online, election.occupancy
+        return election.online, election.occupancy, self._unsettled(election)
+
+    def _unsettled(self, election: Election) -> int:
+        """For how long (ms) the election's snapshot may miss users still to be re-elected.
+
+        An epoch other than the first this service saw is Redis having lost its data while this
+        instance lived: until every live holder's refresh has re-elected its users
+        (`Timings.rejoin` after the epoch began), a co-member online all along can be missing
+        from the channels' online sets, and nothing would ever be published about them.
+        """
+        if election.epoch is None:
+            return 0
+        if self._first_epoch is None:
+            self._first_epoch = election.epoch
+        if election.epoch == self._first_epoch:
+            return 0
+        return max(0, self.timings.rejoin - election.epoch_age_ms)
 
     async def disconnect(self, conn: Connection) -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
@@ -289,7 +315,7 @@ class PresenceService:
         if invisible:
             await self.store.channels_gone([(user_id, channels)])
         else:
-            await self.store.channels_seen({channel_id: [user_id] for channel_id in channels}, self.timings.ttl)
+            await self.store.channels_seen({channel_id: [user_id] for channel_id in channels}, self.timings.seen_for)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -304,7 +330,13 @@ class PresenceService:
 
     # ── the grace check ──────────────────────────────────────────────────────
     def _arm_grace_check(
-        self, subject: Subject, epoch: str | None, delay_ms: int | None = None, last_seen_ms: int | None = None
+        self,
+        subject: Subject,
+        epoch: str | None,
+        delay_ms: int | None = None,
+        last_seen_ms: int | None = None,
+        token: str | None = None,
+        tried: list[str] | None = None,
     ) -> None:
         # One pending check per user, REPLACED: close, reopen, close inside one window must
         # leave one decision, taken at the end of the last window; two would publish twice.
@@ -313,7 +345,10 @@ class PresenceService:
             previous.cancel()
         # When the user was last seen (their last close here), for `user.offline`'s webhook.
         last_seen_ms = last_seen_ms or int(time.time() * 1000)
-        check = functools.partial(self._grace_check, subject, epoch, last_seen_ms)
+        # The check's token, kept by its retries: its transition id, and the marker's value, by
+        # which a retry learns that a try whose reply was lost decided (GRACE_CHECK's outcome 4).
+        token = token or str(uuid.uuid4())
+        check = functools.partial(self._grace_check, subject, epoch, last_seen_ms, token, tried)
         delay = self.timings.check_delay if delay_ms is None else delay_ms
         self.pending[subject] = self.clock.call_later(delay / 1000, functools.partial(self._fire, subject, check))
 
@@ -329,8 +364,13 @@ class PresenceService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _grace_check(self, subject: Subject, epoch: str | None, last_seen_ms: int | None = None) -> None:
+    async def _grace_check(
+        self, subject: Subject, epoch: str | None, last_seen_ms: int, token: str, tried: list[str] | None = None
+    ) -> None:
+        """Decide the user's `offline` after their last close (`tried`: where a try whose reply was
+        lost had its script PUBLISH it)."""
         environment_id, user_id = subject
+        retry = functools.partial(self._check_again, subject, epoch, last_seen_ms, token, tried)
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
         # them leave; one they were removed from must not.
@@ -340,15 +380,18 @@ class PresenceService:
             hidden = await read_invisible(environment_id, user_id)
         except Exception as error:
             record_failure("grace_check:channels", error)
-            self._check_again(subject, epoch, last_seen_ms)
+            retry()
             return
-        transition_id = str(uuid.uuid4())
-        publish = self._script_publishes("offline", user_id, ordered, transition_id, hidden)
-        reply = await self.store.grace_check(environment_id, user_id, epoch, publish or (), ordered, last_seen_ms)
+        publish = self._script_publishes("offline", user_id, ordered, token, hidden)
+        reply = await self.store.grace_check(
+            environment_id, user_id, epoch, publish or (), ordered, last_seen_ms, token=token
+        )
         if reply is None:
             # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
-            # a Redis blip at this moment would otherwise leave the user online for good.
-            self._check_again(subject, epoch, last_seen_ms)
+            # a Redis blip at this moment would otherwise leave the user online for good. The
+            # script may have run all the same, its reply lost: the retry, with the same token,
+            # learns so, and where its PUBLISHes went.
+            self._check_again(subject, epoch, last_seen_ms, token, ordered if publish is not None else tried)
             return
         outcome, now, decided_ms = reply
         if outcome == 3:
@@ -356,23 +399,79 @@ class PresenceService:
             # nothing yet. The live holders re-elect it at their next refresh; ask again after it,
             # in the new epoch.
             suppressed(user_id, "offline", EPOCH_CHANGED)
-            self._check_again(subject, now, last_seen_ms)
+            self._check_again(subject, now, last_seen_ms, token, tried)
         elif outcome == 0:
             suppressed(user_id, "offline", STILL_OPEN)
-        elif outcome == 1 and publish is not None:
-            self._owed.pop(subject, None)
-            _published(environment_id, user_id, "offline", len(ordered), last_seen_ms)
-        elif outcome == 1:
-            await self.publish(environment_id, user_id, "offline", ordered, transition_id, last_seen_ms, hidden)
-        if outcome == 1:
-            await self.store.channels_gone([(user_id, ordered)], decided_ms)
         elif outcome == 2:
             suppressed(user_id, "offline", ANOTHER_PUBLISHED)
+        else:
+            # Decided by this check: now (1), or by a try whose reply was lost (4).
+            if publish is None:
+                heard = None
+            elif outcome == 1:
+                heard = ordered
+            else:
+                heard = ordered if tried is None else tried
+            await self._decided_offline(subject, token, ordered, heard, decided_ms, last_seen_ms, hidden)
 
-    def _check_again(self, subject: Subject, epoch: str | None, last_seen_ms: int | None = None) -> None:
+    async def _decided_offline(
+        self,
+        subject: Subject,
+        transition_id: str,
+        ordered: list[str],
+        heard: list[str] | None,
+        decided_ms: int,
+        last_seen_ms: int,
+        hidden: bool,
+    ) -> None:
+        """Publish what the grace check's script did not, and take the user out of their channels' online sets.
+
+        `heard`: the channels the script PUBLISHed the `offline` to; None when it cannot publish
+        (a separate presence Redis), and the layer carries it all from here.
+        """
+        environment_id, user_id = subject
+        if heard is not None:
+            self._owed.pop(subject, None)
+            _published(environment_id, user_id, "offline", len(heard), last_seen_ms)
+        # The channels again, read after the decision: a membership committed after the read
+        # above may have been announced `online` to its channel while the key still stood
+        # (presence.announce, also a script), and must hear the `offline`. None can be announced
+        # after the decision: the key is gone.
+        try:
+            channels = sorted(await read_channel_ids(environment_id, user_id))
+        except Exception as error:
+            record_failure("grace_check:channels", error)
+            channels = ordered
+        if heard is None:
+            await self.publish(environment_id, user_id, "offline", channels, transition_id, last_seen_ms, hidden)
+            heard = channels
+        elif extra := sorted(set(channels) - set(heard)):
+            # Only those the script's copies missed: a watcher who also shares a channel of
+            # `heard` was told, maybe by a single copy that left no id to deduplicate by.
+            audience = await self._newly_told(environment_id, user_id, extra, heard)
+            if audience and not hidden:
+                await self.publish(environment_id, user_id, "offline", extra, transition_id, audience=audience)
+        await self.store.channels_gone([(user_id, sorted(set(channels) | set(heard)))], decided_ms)
+
+    async def _newly_told(self, environment_id: str, user_id: str, extra: list[str], heard: list[str]) -> list[str]:
+        try:
+            return await read_members_seeing_only(environment_id, user_id, extra, heard)
+        except Exception as error:
+            record_failure("grace_check:channels", error)
+            return []
+
+    def _check_again(
+        self,
+        subject: Subject,
+        epoch: str | None,
+        last_seen_ms: int | None = None,
+        token: str | None = None,
+        tried: list[str] | None = None,
+    ) -> None:
         """Run the grace check again one refresh interval on, unless a newer close armed its own."""
         if subject not in self.pending and subject not in self.held and not self.closed:
-            self._arm_grace_check(subject, epoch, self.timings.refresh + self.timings.margin, last_seen_ms)
+            delay = self.timings.refresh + self.timings.margin
+            self._arm_grace_check(subject, epoch, delay, last_seen_ms, token, tried)
 
     async def _last_seen(self, subjects: list[Subject], closed_at: float) -> None:
         """Keep when these users were last seen (durable: docs/contract.md, Rich presence)."""
@@ -426,7 +525,7 @@ class PresenceService:
         self._refreshing = asyncio.get_running_loop().create_future()
         try:
             reply = await self.store.refresh(sent)
-            await self.store.channels_seen(seen, self.timings.ttl)
+            await self.store.channels_seen(seen, self.timings.seen_for)
         finally:
             self._refreshing.set_result(None)
             self._refreshing = None
@@ -458,15 +557,17 @@ class PresenceService:
             if reaped is None:
                 return
             unpublished = []
-            # The channels' online sets need nothing here: a reaped user's entries were last
-            # renewed a TTL + grace ago, so they have expired already.
             departed: list[Subject] = []
+            # A reaped user's entries in their channels' online sets outlast the decision
+            # (Timings.seen_for): taken out now, as the grace check takes out its user's.
+            gone: list[tuple[str, list[str]]] = []
             for name, won, channels in reaped.decided:
                 subject = split_member(name)
                 if not won:
                     suppressed(subject[1], "offline", ANOTHER_PUBLISHED)
                     continue
                 departed.append(subject)
+                gone.append((subject[1], channels))
                 # An invisible user's watchers heard `offline` when they turned invisible: nothing to send.
                 if prefix is not None or name in reaped.hidden:
                     self._owed.pop(subject, None)
@@ -478,6 +579,7 @@ class PresenceService:
                 # now. Written beside the reaping, never in its way.
                 self.spawn(self._last_seen(departed, time.time()))
             await self._publish_in_turn(unpublished)
+            await self.store.channels_gone(gone, reaped.decided_ms)
             if reaped.due < REAP_BATCH:
                 return
 
@@ -532,6 +634,7 @@ class PresenceService:
         transition_id: str | None = None,
         last_seen_ms: int | None = None,
         hidden: bool = False,
+        audience: list[str] | None = None,
     ) -> bool:
         """Send one transition, its id minted once, to the group of each of the user's channels.
 
@@ -546,7 +649,7 @@ class PresenceService:
         transition_id = transition_id or str(uuid.uuid4())
         # This is now the user's newest transition here: an older one owed is superseded.
         self._owed.pop(subject, None)
-        sends = _group_sends(user_id, state, channels, transition_id, hidden)
+        sends = _group_sends(user_id, state, channels, transition_id, hidden, audience)
         try:
             # One pipelined round trip for all of the user's channels.
             await channel_layer().group_send_many(sends)

@@ -23,8 +23,16 @@ from django.conf import settings
 from presence.fabric import group_name, transition_message
 from presence.queries import is_invisible, large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
-from presence.scripts import ANNOUNCE, CHANNEL_SEEN, CHANNEL_UNSEEN, channel_online_key, presence_key
-from presence.store import record_failure
+from presence.scripts import (
+    ANNOUNCE,
+    CHANNEL_LEFT,
+    CHANNEL_SEEN,
+    CHANNEL_UNSEEN,
+    channel_online_key,
+    channels_key,
+    presence_key,
+)
+from presence.store import Timings, record_failure
 from relay import metrics
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
@@ -66,6 +74,28 @@ def member_added(
         log_event(logger, Event.PRESENCE_ANNOUNCED, user=user.external_id, watchers=len(watchers))
 
 
+def member_removed(sender: type, channel_id: str, user_pk: int, **kwargs: object) -> None:
+    """`membership.member_removed` receiver: the channel leaves what the reaper would tell, and its online set.
+
+    Both are the holders' to write as they apply the removal too, but a holder that dies before
+    then would leave the reaper publishing the user's `offline` to a channel whose members no
+    longer share it with them, and the channel counting them online.
+    """
+    found = User.objects.filter(pk=user_pk).values_list("environment_id", "external_id").first()
+    if found is None:
+        return
+    environment_id, user_id = str(found[0]), found[1]
+    started = time.perf_counter()
+    try:
+        client = sync_client()
+        client.register_script(CHANNEL_LEFT)(keys=[channels_key(environment_id, user_id)], args=[channel_id])
+        client.zrem(channel_online_key(channel_id), user_id)
+    except (redis.RedisError, OSError) as error:
+        record_failure("channel_left", error)
+    finally:
+        metrics.redis_op_seconds("channel_left").observe(time.perf_counter() - started)
+
+
 def join_online_set(environment_id: str, user_id: str, channel_id: str) -> None:
     """Put the user in the channel's online set if they are online, before the API answers.
 
@@ -81,7 +111,7 @@ def join_online_set(environment_id: str, user_id: str, channel_id: str) -> None:
     try:
         client = sync_client()
         score = client.register_script(CHANNEL_SEEN)(
-            keys=[key], args=[settings.RELAY_PRESENCE_TTL_MS, "score", user_id]
+            keys=[key], args=[Timings.from_settings().seen_for, "score", user_id]
         )
         if not client.exists(presence_key(environment_id, user_id)):
             # Only this write's entry: one a connect renewed meanwhile scores higher and stays.

@@ -12,4 +12,5 @@ class PresenceConfig(AppConfig):
         registry.extension(handlers.RichPresence())
         registry.extension(extension.PresenceExtension())
         membership.member_added.connect(announce.member_added, dispatch_uid="presence.announce")
+        membership.member_removed.connect(announce.member_removed, dispatch_uid="presence.forget")
         shutdown.install()

@@ -51,6 +51,9 @@ read_large_channel_ids = database_sync_to_async(large_channel_ids, thread_sensit
 
 # Where a connection keeps its `Dedup`, set when it is admitted.
 STATE_KEY = "presence"
+# Where a connection whose snapshot awaits a repair keeps who it was told is online (the
+# snapshot, then every change), so the repair tells it only what it lacks.
+VIEW_KEY = "presence.view"
 
 
 async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | StatusChange | None]) -> None:
@@ -84,6 +87,8 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
     if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
         return
+    if (view := conn.state.get(VIEW_KEY)) is not None:
+        (view.add if transition.state == "online" else view.discard)(transition.user)
     await conn.send_frame("presence.changed", PresenceChanged(user=transition.user, state=transition.state))
 
 

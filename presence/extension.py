@@ -25,6 +25,8 @@ REPAIR_TASK_KEY = "presence.repair"
 # The event, on the connection's own queue, that does the repair.
 REPAIR = "presence.repair"
 OCCUPANCY_KEY = "presence.occupancy"
+# For how long (ms) the snapshot read at the election may miss users still to be re-elected.
+UNSETTLED_KEY = "presence.unsettled"
 
 
 class PresenceExtension(registry.Extension):
@@ -57,14 +59,17 @@ class PresenceExtension(registry.Extension):
         watch, large = conn.loaded.get(self) or (None, frozenset())
         delivery.fanout().modes(conn.channel_ids, large)
         read = await actions.service().connect(conn, watch or (), large)
-        online, occupancy = read or (None, {})
+        online, occupancy, unsettled = read or (None, {}, 0)
         if watch is not None:
             # None: Redis did not answer the election (nor so the snapshot's read).
             conn.state[SNAPSHOT_KEY] = None if online is None else sorted(online)
             conn.state[OCCUPANCY_KEY] = occupancy
+            if unsettled:
+                conn.state[UNSETTLED_KEY] = unsettled
 
     async def opened(self, conn: Connection) -> None:
         occupancy = conn.state.pop(OCCUPANCY_KEY, None)
+        unsettled = conn.state.pop(UNSETTLED_KEY, 0)
         if SNAPSHOT_KEY in conn.state:
             online = conn.state.pop(SNAPSHOT_KEY)
         else:
@@ -83,6 +88,12 @@ class PresenceExtension(registry.Extension):
             # tell this watcher about co-members who stay online (docs/contract.md, "Fair under
             # load and faults"). They are sent as `online`s once Redis answers.
             _owe_repair(conn)
+        elif unsettled:
+            # Read in a Redis that lost its data moments ago: co-members whose holders have not
+            # re-elected them yet are missing, and stay online without a word. Once they have,
+            # the repair tells this watcher those its view still lacks.
+            conn.state[delivery.VIEW_KEY] = set(shown)
+            _owe_repair(conn, unsettled / 1000)
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
         # Into the channel's online set now, not at the next refresh: a co-member connecting
@@ -90,7 +101,7 @@ class PresenceExtension(registry.Extension):
         # answers; this covers a change whose notice came another way, or whose write failed).
         service = actions.service()
         if not service.hidden(conn.environment_id, conn.user_id):
-            await service.store.channels_seen({channel_id: [conn.user_id]}, service.timings.ttl, "channel_joined")
+            await service.store.channels_seen({channel_id: [conn.user_id]}, service.timings.seen_for, "channel_joined")
         large = await delivery.read_large_channel_ids({channel_id})
         delivery.fanout().modes({channel_id}, large)
         if not large:
@@ -130,18 +141,22 @@ async def presence_status_change(conn: Connection, message: dict) -> None:
     await delivery.deliver(conn, message, functools.partial(parse_fabric, message))
 
 
-def _owe_repair(conn: Connection) -> None:
-    """Repair the connection's view once Redis answers, unless a repair is already on its way."""
+def _owe_repair(conn: Connection, after: float | None = None) -> None:
+    """Repair the connection's view once Redis answers (or `after` seconds), unless a repair is already on its way."""
     pending = conn.state.get(REPAIR_TASK_KEY)
     if pending is None or pending.done():
-        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn))
+        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_when_redis_answers(conn, after))
 
 
-async def _repair_when_redis_answers(conn: Connection) -> None:
-    # Two answered refreshes: a refresh interval in which every live holder's own refresh has
-    # re-elected its users, should Redis have come back empty.
-    await actions.service().next_answer()
-    await actions.service().next_answer()
+async def _repair_when_redis_answers(conn: Connection, after: float | None = None) -> None:
+    if after is not None:
+        # Redis answered; the live holders re-elect their users within this time.
+        await actions.service().clock.sleep(after)
+    else:
+        # Two answered refreshes: a refresh interval in which every live holder's own refresh
+        # has re-elected its users, should Redis have come back empty.
+        await actions.service().next_answer()
+        await actions.service().next_answer()
     # From here on the connection's transitions queue behind the repair, which reads after them.
     delivery.fanout().gone(conn)
     channel_layer().send_local(conn.channel_name, {"type": REPAIR})
@@ -151,12 +166,19 @@ async def _repair_when_redis_answers(conn: Connection) -> None:
 async def presence_repair(conn: Connection, message: dict) -> None:
     """Tell a connection Redis could not answer for (its snapshot, a new channel's co-members) who is online now.
 
-    Then it is delivered to directly again. A co-member it already knew to be online, or who came
-    online since, may be told twice; one who left was told.
+    Then it is delivered to directly again. With its view kept since the snapshot (a snapshot
+    read in a Redis that lost its data), only co-members missing from it are told; without, a
+    co-member it already knew to be online, or who came online since, may be told twice. One who
+    left was told.
     """
     online = await reads.snapshot(conn)
     if online is None:
         _owe_repair(conn)
-    for user_id in online or ():
-        await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    else:
+        view = conn.state.pop(delivery.VIEW_KEY, set())
+        # An invisible co-member looks offline to watchers (docs/contract.md, Rich presence).
+        hidden = await reads.invisible_among(conn.environment_id, [u for u in online if u != conn.user_id])
+        for user_id in online:
+            if user_id not in view and user_id not in hidden:
+                await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
     delivery.fanout().live(conn)

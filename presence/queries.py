@@ -87,6 +87,15 @@ def co_member_external_ids(environment_id: uuid.UUID | str, channel_ids: Collect
     return co_members_in(members_of_channels(channel_ids), environment_id, channel_ids)
 
 
+def members_seeing_only(
+    environment_id: str, user_id: str, channel_ids: Collection[str], other_channel_ids: Collection[str]
+) -> list[str]:
+    """The members of `channel_ids` who share none of `other_channel_ids` with the user (not the user)."""
+    members = co_member_external_ids(environment_id, channel_ids)
+    already = co_member_external_ids(environment_id, other_channel_ids) if members and other_channel_ids else set()
+    return sorted(members - already - {user_id})
+
+
 def large_channel_ids(channel_ids: Collection[str]) -> set[str]:
     """Those of `channel_ids` with more members than their environment's `large_room_members`: one query.
 

@@ -15,6 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from presence import actions
+from presence.delivery import VIEW_KEY
 from presence.queries import co_member_external_ids, co_members_in, invisible_users, members_of_channels
 from presence.scripts import presence_key
 from presence.store import as_text, client_options, record_failure
@@ -100,8 +101,11 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> bool:
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
     online = await actions.service().store.online(conn.environment_id, candidates)
     hidden = await invisible_among(conn.environment_id, online or [])
+    view = conn.state.get(VIEW_KEY)  # kept while a repair is due (presence/extension.py)
     for user_id in online or ():
         if user_id not in hidden:
+            if view is not None:
+                view.add(user_id)
             await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
     return online is not None
 

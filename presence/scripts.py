@@ -11,8 +11,9 @@ Keys, all scoped by environment so the same user id in two tenants is two people
                                    separated) as their holders last wrote them, `e` the epoch then,
                                    `h` "1" while watchers were last told `offline` by invisibility;
                                    what the reaper's `offline` needs, with no database read
-- `presence:epoch`                 a random id written by the first instance that finds it missing:
-                                   a different or missing epoch means Redis lost its data meanwhile
+- `presence:epoch`                 a random id (and `@` when it began) written by the first instance
+                                   that finds it missing: a different or missing epoch means Redis
+                                   lost its data meanwhile
 
 The scripts derive the per-user key names from the `{env}:{user}` member (the environment is a
 36-character UUID, so the first colon after it is unambiguous). They touch keys not declared in
@@ -94,6 +95,8 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 # The epoch of the data Redis holds: written (from the caller's fresh id) when missing, so the
 # first script to find Redis emptied starts a new one. `epoch_key` and `fresh` are Lua expressions.
+# The id ends with `@` and the time it was written (Redis ms): ADMIT answers the epoch's age, by
+# which a snapshot read before the live holders re-elected their users is known (and repaired).
 #
 # The epoch's TTL: every REFRESH renews it (presence/store.py's `Timings.epoch_ttl`, shorter than
 # any deadline is long), and ADMIT gives one to an epoch that has none (the TTL: the first
@@ -105,11 +108,11 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 #
 # Equivalent Python:
 #
-#     epoch = redis.setdefault(epoch_key, fresh)
+#     epoch = redis.setdefault(epoch_key, f"{fresh}@{now}")
 _EPOCH = """
 local epoch = redis.call('GET', {epoch_key})
 if not epoch then
-  epoch = {fresh}
+  epoch = {fresh} .. '@' .. string.format('%d', now)
   redis.call('SET', {epoch_key}, epoch)
 end
 """
@@ -125,9 +128,10 @@ end
 # user is invisible (their `online` is for their own connections only) else "0", then n
 # (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose presence
 # the connection's snapshot needs. The limit, the election, the winner's `online` and the
-# snapshot's read in one round trip. Returns {admitted, won, online user id, ...}; won is 0 (the
-# user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
-# user's last `online` was never retracted: nothing to publish). Webhooks: with a 7th key (the
+# snapshot's read in one round trip. Returns {admitted, won, epoch, the epoch's age (ms),
+# online user id, ...}; won is 0 (the user was online already), 1 (this connection publishes
+# `online`) or 2 (the key was gone but the user's last `online` was never retracted: nothing to
+# publish). Webhooks: with a 7th key (the
 # user's bucket stream, webhooks/stream.py), the winner's `user.online` is XADDed there too.
 #
 # Equivalent Python:
@@ -155,7 +159,8 @@ end
 #         redis[key].expire(ttl)                           # undo a close's re-pin to the grace
 #     deadlines[member] = now + ttl + grace
 #     channels_hash.update(c=channel_ids, e=epoch)
-#     return [1, won, *(user for user in watch if f"presence:{env}:{user}" in redis)]
+#     age = now - int(epoch.rpartition("@")[2] or 0)
+#     return [1, won, epoch, age, *(user for user in watch if f"presence:{env}:{user}" in redis)]
 ADMIT = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
@@ -203,7 +208,9 @@ else
 end
 redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
 redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
-local reply = {1, won}
+-- The epoch and its age: a young one means Redis lost its data moments ago (begin)
+local reply = {1, won, epoch, now - (tonumber(string.match(epoch, '@(%d+)$')) or 0)}
+-- (end)
 local prefix = 'presence:' .. ARGV[6] .. ':'
 for i = 11 + 2 * tonumber(ARGV[9]), #ARGV do
   if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
@@ -263,15 +270,18 @@ return epoch
 # This script is delicate: it and REAP share the marker that elects exactly one `offline`.
 #
 # KEYS: key, marker, deadlines, channels, epoch. ARGV: marker ttl, member, the epoch the close
-# saw, fresh epoch, then (channel, payload) pairs to PUBLISH if this caller wins.
+# saw, fresh epoch, the check's token (its transition id, the same on every retry), then
+# (channel, payload) pairs to PUBLISH if this caller wins.
 # Returns {0} = still online, {1, now} = won the right to publish `offline` (at `now`, Redis ms:
 # the user's entries in their channels' online sets written before it are theirs to remove, any
 # written after it are a return's), {2} = another instance
 # (or the reaper) already did, {3, epoch} = Redis lost its data since the close (the epoch
-# differs): decide nothing now, since the live holders re-elect the key at their next refresh.
+# differs): decide nothing now, since the live holders re-elect the key at their next refresh,
+# {4, now} = this very check won before and its reply was lost (the marker holds its token):
+# nothing is PUBLISHed again, and a caller that publishes after the reply still owes it.
 # The winner takes the user's deadline: a deadline only stands while the last word said of the
 # user is `online` (ADMIT relies on it). Webhooks: with a 6th key (the user's bucket stream), ARGV
-# 5 and 6 are the user's channel ids (comma-separated) and when they were last seen (unix ms),
+# 6 and 7 are the user's channel ids (comma-separated) and when they were last seen (unix ms),
 # the pairs follow, and the winner's `user.offline` is XADDed there too.
 #
 # Equivalent Python:
@@ -281,13 +291,15 @@ return epoch
 #     if key in redis:
 #         return [0]
 #     if marker not in redis:
-#         redis[marker] = expiring(marker_ttl)
+#         redis[marker] = expiring(marker_ttl, value=token)
 #         del deadlines[member], redis[channels]
 #         if stream:                                       # webhooks: the event, with the decision
 #             redis.xadd(stream, t="user.offline", e=env, u=user, c=channel_ids, l=last_seen)
 #         for channel, payload in publish:
 #             redis.publish(channel, payload)
 #         return [1, now]
+#     if redis[marker] == token:                           # decided by this check, reply lost
+#         return [4, now]
 #     return [2]
 GRACE_CHECK = (
     _NOW
@@ -299,21 +311,27 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0}
 end
-if redis.call('SET', KEYS[2], '1', 'PX', ARGV[1], 'NX') then
+-- The marker holds the check's token: a retry of a check whose reply was lost knows its own.
+if redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[1], 'NX') then
   redis.call('ZREM', KEYS[3], ARGV[2])
   redis.call('DEL', KEYS[4])
-  local first = 5
+  local first = 6
   -- webhooks: the event, atomic with the decision
   if KEYS[6] then
-    first = 7
+    first = 8
     redis.call('XADD', KEYS[6], '*', 't', 'user.offline', 'e', string.sub(ARGV[2], 1, 36),
-      'u', string.sub(ARGV[2], 38), 'c', ARGV[5], 'l', ARGV[6])
+      'u', string.sub(ARGV[2], 38), 'c', ARGV[6], 'l', ARGV[7])
   end
   for i = first, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
   return {1, now}
 end
+-- (lost reply, begin)
+if redis.call('GET', KEYS[2]) == ARGV[5] then
+  return {4, now}
+end
+-- (end)
 return {2}
 """
 )
@@ -630,4 +648,34 @@ for i = 2, #ARGV do
   end
 end
 return 0
+"""
+
+
+# ── a membership removed ─────────────────────────────────────────────────────
+
+# Drop one channel from the channels kept beside the user's deadline, for the reaper: the
+# request that ended the membership does it, since the holders only write the list again at their
+# next refresh, and one that dies first would leave the reaper telling that channel's members of
+# a user they no longer share it with. One id taken out, not the list written whole: an addition
+# written meanwhile by a holder stays.
+#
+# KEYS: the user's channels hash. ARGV: the channel id.
+#
+# Equivalent Python:
+#
+#     if "c" in channels_hash:
+#         channels_hash["c"] = ",".join(c for c in channels_hash["c"].split(",") if c and c != channel_id)
+CHANNEL_LEFT = """
+local csv = redis.call('HGET', KEYS[1], 'c')
+if not csv then
+  return 0
+end
+local kept = {}
+for channel in string.gmatch(csv, '[^,]+') do
+  if channel ~= ARGV[1] then
+    table.insert(kept, channel)
+  end
+end
+redis.call('HSET', KEYS[1], 'c', table.concat(kept, ','))
+return 1
 """

@@ -81,6 +81,9 @@ class Election:
     unretracted: bool = False
     # How many are online in each of the user's large channels (counted, not listed).
     occupancy: dict[str, int] = field(default_factory=dict)
+    # The epoch Redis is in, and how long ago (ms) it began (docs/presence.md, Redis loses its data).
+    epoch: str | None = None
+    epoch_age_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class Reaped:
     due: int
     # (member, won the offline election, the channel ids kept beside the deadline)
     decided: list[tuple[str, bool, list[str]]]
+    # Redis's time just before the script decided them (ms): the bound of their channel entries' removal.
+    decided_ms: int = 0
     # The winners that were invisible: their watchers heard `offline` already, and were told nothing.
     hidden: frozenset[str] = frozenset()
 
@@ -127,6 +132,27 @@ class Timings:
         one refresh later), so the reaper finds the marker of a normal close and stays quiet
         instead of publishing a second `offline`. A longer life is harmless: a marker only ever
         stands while the last published state is `offline`, and the next `online` deletes it.
+        """
+        return self.ttl + self.grace + self.margin + 2 * self.refresh
+
+    @property
+    def rejoin(self) -> int:
+        """How long after Redis lost its data every live holder has re-elected its users.
+
+        Two refresh intervals (a holder's first call after a restart can fail on a connection the
+        restart closed) and a margin.
+        """
+        return 2 * self.refresh + self.margin
+
+    @property
+    def seen_for(self) -> int:
+        """How long a holder's write keeps a user in their channels' online sets (CHANNEL_SEEN).
+
+        Past the reaper's decision (last refresh + TTL + grace, taken up to a refresh later): a
+        dead instance's users must stay listed until their `offline` is said, since one who
+        comes back before it publishes nothing. Whoever decides `offline` takes the entries out
+        (`channels_gone`); every holder writes this same length, so an entry scored below the
+        decision + this was written before the decision.
         """
         return self.ttl + self.grace + self.margin + 2 * self.refresh
 
@@ -245,7 +271,7 @@ class PresenceStore:
         def work() -> Awaitable[list]:
             # Submitted together, so they go in one pipeline, the election first.
             seen = [
-                self._seen(channel_id, t.ttl, "count" if channel_id in large else "members", counted)
+                self._seen(channel_id, t.seen_for, "count" if channel_id in large else "members", counted)
                 for channel_id in channels
             ]
             return asyncio.gather(self._script(self._admit, keys, args), *seen)
@@ -265,6 +291,8 @@ class PresenceStore:
             online=sorted(online & wanted),
             unretracted=reply[1] == 2,
             occupancy=occupancy,
+            epoch=as_text(reply[2]) if len(reply) > 2 else None,
+            epoch_age_ms=int(reply[3]) if len(reply) > 3 else 0,
         )
 
     async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> str | None:
@@ -285,11 +313,13 @@ class PresenceStore:
         publish: Sequence[tuple[str, bytes]] = (),
         channels: Sequence[str] = (),
         last_seen_ms: int | None = None,
+        token: str | None = None,
     ) -> tuple[int, str | None, int | None] | None:
         """(0, _, _) = still online somewhere, (1, _, when) = this caller publishes `offline`, decided
         at `when` (Redis ms), (2, _, _) = someone else did, (3, epoch now, _) = Redis lost its data
-        since the close, which saw `epoch`: ask again after a refresh interval, in the new epoch.
-        None when Redis did not answer.
+        since the close, which saw `epoch`: ask again after a refresh interval, in the new epoch,
+        (4, _, when) = an earlier try of this check (the same `token`; one of its own when None)
+        decided, and its reply was lost: nothing was PUBLISHed now. None when Redis did not answer.
 
         Each (channel, payload) of `publish` is PUBLISHed by Redis on 1, in the same round trip;
         so is the webhook event (with `channels` and `last_seen_ms`) when the environment listens.
@@ -303,6 +333,7 @@ class PresenceStore:
             *user_stream_keys(environment_id, user_id),
         ]
         args = [self.timings.marker_ttl, member(environment_id, user_id), epoch or "", fresh_epoch()]
+        args.append(token or str(uuid.uuid4()))
         if len(keys) > 5:
             args += [",".join(channels), last_seen_ms or int(time.time() * 1000)]
         args += [part for pair in publish for part in pair]
@@ -310,7 +341,7 @@ class PresenceStore:
         if reply is None:
             return None
         outcome = int(reply[0])
-        if outcome == 1:
+        if outcome in (1, 4):
             return outcome, epoch, int(reply[1])
         return outcome, (as_text(reply[1]) if len(reply) > 1 else epoch), None
 
@@ -356,15 +387,23 @@ class PresenceStore:
         streams, listening = reap_streams()
         if streams:
             args += [listening, t.ttl]
-        reply = await self.call("reap", lambda: self._reap(keys=[DEADLINES, EPOCH, *streams], args=args))
-        if reply is None:
+
+        async def work() -> tuple[list, list]:
+            # Redis's time before the script: no decision is older, and an entry in an online set
+            # written after a decision scores at least decision + seen_for (`channels_gone`).
+            before = await self.client.time()
+            return before, await self._reap(keys=[DEADLINES, EPOCH, *streams], args=args)
+
+        answer = await self.call("reap", work)
+        if answer is None:
             return None
+        (seconds, micros), reply = answer
         decided = [
             (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
             for i in range(1, len(reply), 3)
         ]
         hidden = frozenset(as_text(reply[i]) for i in range(1, len(reply), 3) if int(reply[i + 1]) == 2)
-        return Reaped(due=int(reply[0]), decided=decided, hidden=hidden)
+        return Reaped(due=int(reply[0]), decided=decided, decided_ms=seconds * 1000 + micros // 1000, hidden=hidden)
 
     async def channels_seen(self, seen: dict[str, list[str]], for_ms: int, op: str = "channels_seen") -> None:
         """Mark each channel's users online for `for_ms` from now (GT: never shortening), one script per channel."""
@@ -403,9 +442,16 @@ class PresenceStore:
 
         async def work() -> None:
             if decided_ms is not None:
-                # An entry written at the decision's own time or later lasts until then + TTL or longer.
-                bound = decided_ms + self.timings.ttl
-                unseen = [self._script(self._channel_unseen, [channel_online_key(c)], [bound, u]) for c, u in removals]
+                # An entry written at the decision's own time or later lasts until then + seen_for or longer.
+                bound = decided_ms + self.timings.seen_for
+                # One script per channel: a reaper's batch takes out many users of the same ones.
+                by_channel: dict[str, list[str]] = {}
+                for channel_id, user_id in removals:
+                    by_channel.setdefault(channel_id, []).append(user_id)
+                unseen = [
+                    self._script(self._channel_unseen, [channel_online_key(c)], [bound, *users])
+                    for c, users in by_channel.items()
+                ]
                 await asyncio.gather(*unseen)
                 return
             pipe = self.client.pipeline(transaction=False)

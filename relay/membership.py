@@ -46,6 +46,10 @@ RECENT_CHANGES = 4096
 # the channel's other members (presence: the added user's `online`). `membership_id` is the new
 # row's id, which orders it among the additions; None for an existing row moved to this pair.
 member_added = Signal()
+# Sent (sender=Membership, channel_id=, user_pk=) once a membership ended and the user's live
+# connections were told: an app forgets what it kept of the old membership outside the database
+# (presence: the channel among those its reaper would tell of the user's `offline`).
+member_removed = Signal()
 
 
 class MembershipBus:
@@ -176,7 +180,7 @@ def _saved(sender: type, instance: Membership, created: bool, **kwargs: object) 
         return
     if old is not None:
         old_user, old_channel = old
-        transaction.on_commit(functools.partial(_notify, old_user, old_channel, False, _bump(old_user)))
+        transaction.on_commit(functools.partial(_removed, old_user, old_channel, _bump(old_user)))
     added = functools.partial(
         _added, instance.channel, instance.user, instance.pk if old is None else None, _bump(instance.user_id)
     )
@@ -186,7 +190,7 @@ def _saved(sender: type, instance: Membership, created: bool, **kwargs: object) 
 @receiver(post_delete, sender=Membership)
 def _deleted(sender: type, instance: Membership, **kwargs: object) -> None:
     version = _bump(instance.user_id)
-    transaction.on_commit(functools.partial(_notify, instance.user_id, instance.channel_id, False, version))
+    transaction.on_commit(functools.partial(_removed, instance.user_id, instance.channel_id, version))
 
 
 def _bump(user_pk: int) -> int | None:
@@ -203,9 +207,18 @@ def _bump(user_pk: int) -> int | None:
 
 def _added(channel: Channel, user: User, membership_id: int | None, version: int | None) -> None:
     _notify(user.pk, channel.pk, True, version)
-    added = member_added.send_robust(sender=Membership, channel=channel, user=user, membership_id=membership_id)
-    for _, outcome in added:
-        # The membership stands whatever a listener does: it is durable and already made.
+    _listeners_ran(member_added.send_robust(sender=Membership, channel=channel, user=user, membership_id=membership_id))
+
+
+def _removed(user_pk: int, channel_id: uuid.UUID, version: int | None) -> None:
+    _notify(user_pk, channel_id, False, version)
+    if version is not None:  # None: the user went with it, and nobody is connected as them
+        _listeners_ran(member_removed.send_robust(sender=Membership, channel_id=str(channel_id), user_pk=user_pk))
+
+
+def _listeners_ran(outcomes: list[tuple[object, object]]) -> None:
+    for _, outcome in outcomes:
+        # The change stands whatever a listener does: it is durable and already made.
         if isinstance(outcome, Exception):
             log_event(logger, Event.MEMBERSHIP_LISTENER_FAILED, logging.ERROR, error=type(outcome).__name__)
 

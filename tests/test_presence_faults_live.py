@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from chaos.deploy import Proxy
 from devtools.embedded_redis import EmbeddedRedis
 from presence.actions import VANISHED
-from presence.scripts import EPOCH, channels_key, marker_key
+from presence.scripts import EPOCH, GRACE_CHECK, channels_key, marker_key, presence_key
 from tests.support import GRACE, REFRESH, TTL, barrier, close_all, connect, heard, logged, states, timings, until
 
 pytestmark = pytest.mark.live
@@ -125,3 +126,36 @@ async def test_an_old_dump_restored_flaps_no_connected_user(live_instances, acme
     assert store.get(EPOCH) != old_epoch
     store.close()
     await close_all(linh, tuan, probe)
+
+
+async def test_a_grace_check_whose_reply_was_lost_still_publishes_the_offline(live_instances, acme, presence_redis):
+    # tuan's instance reaches the presence Redis through the fault proxy. Its grace check's
+    # script runs, and the reply comes after the store's timeout: the marker was taken, the
+    # deadline with it, and nobody has published `offline` yet (the layer does, after the reply).
+    proxy = Proxy(presence_redis.port)
+    try:
+        [a] = live_instances(1, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+        [b] = live_instances(1, **timings(RELAY_PRESENCE_REDIS_URL=proxy.url))
+        store = redis.Redis.from_url(presence_redis.url)
+        # In Redis's script cache, as on any deployment that ran a grace check before: the delayed
+        # call is then the script itself, not a NOSCRIPT answer.
+        store.script_load(GRACE_CHECK)
+        environment = str(acme.environment.id)
+        linh = await connect(a, acme, "linh")
+        tuan = await connect(b, acme, "tuan")
+        assert await heard(linh, "tuan", 1) == ["online"]
+        await tuan.close()
+        await until(lambda: not store.exists(presence_key(environment, "tuan")))
+        # 0.4 s each way: the script reaches Redis within the timeout, its reply after it.
+        proxy.command("delay 0.4")
+        await logged(b, "presence.failed", op="grace_check")
+        await until(lambda: store.exists(marker_key(environment, "tuan")))
+        proxy.command("pass")
+
+        assert await heard(linh, "tuan", 2) == ["online", "offline"]
+        probe = await barrier(a, acme, [linh])
+        assert states(linh, "tuan") == ["online", "offline"]
+        store.close()
+        await close_all(linh, probe)
+    finally:
+        proxy.stop()

@@ -7,6 +7,8 @@ them, as a SIGKILLed instance would not: its users' keys expire and their deadli
 """
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from datetime import datetime
@@ -29,10 +31,12 @@ from tests.support import (
     WAIT,
     Tenant,
     WsClient,
+    add_channel,
     barrier,
     close_all,
     connect,
     heard,
+    http,
     lines,
     logged,
     states,
@@ -64,12 +68,13 @@ async def held_by_a_dead_instance(
     large = channel_ids if len(user_ids) > tenant.environment.large_room_members else []
     elections = []
     try:
-        # A thousand connects at a time, as they reach an instance (not ten thousand in one pipeline).
-        for start in range(0, len(user_ids), 1000):
+        # A few hundred connects at a time, as they reach an instance: a thousand at once could
+        # outwait the store's socket timeout on a busy machine.
+        for start in range(0, len(user_ids), 250):
             elections += await asyncio.gather(
                 *(
                     store.elect(environment_id, user_id, uuid.uuid4().hex, channels=channel_ids, large=large)
-                    for user_id in user_ids[start : start + 1000]
+                    for user_id in user_ids[start : start + 250]
                 )
             )
         assert all(election is not None and election.won for election in elections)
@@ -240,3 +245,64 @@ async def test_redis_losing_its_data_before_a_grace_check_makes_no_flap(live_ins
         await close_all(linh, probe)
     finally:
         presence_redis.close()
+
+
+async def test_the_reapers_offline_skips_a_channel_the_user_left_just_before_their_instance_died(
+    live_instances, acme, closing
+):
+    # hermit shares only "huddle" with tuan. tuan is removed from it while his instance is frozen
+    # (it neither applies the removal nor refreshes the channels kept beside his deadline), then
+    # the instance dies: the reaper's `offline` goes to fleet and general, not to huddle.
+    a, b = live_instances(2, **timings())
+    huddle = await add_channel(acme, "huddle", "private", ("tuan", "hermit"))
+    linh = await closing(connect(a, acme, "linh"))
+    hermit = await closing(connect(a, acme, "hermit"))
+    tuan = await closing(connect(b, acme, "tuan"))
+    assert await heard(linh, "tuan", 1) == ["online"]
+    assert await heard(hermit, "tuan", 1) == ["online"]
+    os.kill(b.process.pid, signal.SIGSTOP)
+    try:
+        assert http("DELETE", f"{a.http_url}/v1/channels/{huddle.id}/members/tuan", api_key=acme.api_key)[0] == 204
+    finally:
+        b.kill()
+
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    probe = await barrier(a, acme, [hermit], channel="huddle")
+    assert states(hermit, "tuan") == ["online"]
+    await close_all(linh, hermit, probe, tuan)
+
+
+async def test_a_channel_added_while_a_grace_check_decides_hears_the_offline(
+    live_instances, acme, redis_client, closing
+):
+    # b's grace check of tuan reads his channels, then waits (tests/hesitant) while tuan, still
+    # connected on a, is added to "huddle" and announced there to hermit, who shares nothing
+    # else with him. Then tuan leaves a too, his key expires, and b's check decides with the
+    # channels it read before the addition. a's own check comes a margin after the key expired,
+    # long beside the steps below (so b's decides), and finds b's marker; the reaper comes later
+    # still (a TTL as long).
+    held = timings(ttl=3000, margin=3000)
+    [a] = live_instances(1, **held)
+    [b] = live_instances(1, **held, DJANGO_SETTINGS_MODULE="tests.hesitant_settings")
+    huddle = await add_channel(acme, "huddle", "private", ("hermit",))
+    linh = await closing(connect(a, acme, "linh"))
+    hermit = await closing(connect(a, acme, "hermit"))
+    on_a = await closing(connect(a, acme, "tuan"))
+    on_b = await closing(connect(b, acme, "tuan"))
+    assert await heard(linh, "tuan", 1) == ["online"]
+    await on_b.close()
+    await logged(b, "test.check_held")
+    assert http("PUT", f"{a.http_url}/v1/channels/{huddle.id}/members/tuan", api_key=acme.api_key)[0] == 201
+    assert await heard(hermit, "tuan", 1) == ["online"]
+    await on_a.close()
+    await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
+    b.process.send_signal(signal.SIGUSR1)
+
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    assert await heard(hermit, "tuan", 2) == ["online", "offline"]
+    await logged(b, "presence.published", user="tuan", state="offline")
+    await logged(a, "presence.suppressed", user="tuan", state="offline", reason=actions.ANOTHER_PUBLISHED)
+    probes = [await barrier(a, acme, [linh]), await barrier(a, acme, [hermit], channel="huddle")]
+    assert states(linh, "tuan") == ["online", "offline"]
+    assert states(hermit, "tuan") == ["online", "offline"]
+    await close_all(linh, hermit, *probes)

@@ -186,6 +186,22 @@ async def test_the_grace_check_publishes_what_it_is_given_only_when_it_is_won(st
     assert await _heard(listener) == offline
 
 
+async def test_a_grace_check_asked_again_with_its_own_token_is_told_it_decided_and_publishes_nothing(
+    stores, listener, redis_client
+):
+    # Its first reply was lost: the retry (the same token) learns it won; another check does not.
+    one, two = stores
+    offline = [("fleet", b"linh offline")]
+    await admit(one, ACME, "linh", "c1")
+    redis_client.delete(presence_key(ACME, "linh"))
+    epoch = (await one.client.get(EPOCH)).decode()
+    assert (await one.grace_check(ACME, "linh", epoch, offline, token="first"))[0] == 1
+    assert await _heard(listener) == offline
+    assert (await one.grace_check(ACME, "linh", epoch, offline, token="first"))[0] == 4
+    assert (await two.grace_check(ACME, "linh", epoch, offline, token="second"))[0] == 2
+    assert await _heard(listener) == []
+
+
 async def test_the_refresh_extends_keys_and_reports_a_vanished_one_once(stores, redis_client):
     one, two = stores
     await admit(one, ACME, "linh", "c1")

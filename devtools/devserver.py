@@ -1,7 +1,7 @@
 """`make run`: an embedded Redis (unless RELAY_REDIS_URL is set), migrations, then Daphne.
 
-With RELAY_REDIS_CLUSTER_NODES set, the channel layer runs on that cluster and presence on the
-single Redis (RELAY_PRESENCE_REDIS_URL, else RELAY_REDIS_URL's: the embedded one by default).
+With RELAY_REDIS_CLUSTER_NODES set, the channel layer and presence run on that cluster (presence
+on a single Redis instead when RELAY_PRESENCE_REDIS_URL names one).
 
 On first start `setupdemo` creates the demo data; once Daphne answers, the URLs to
 open (and any secret just created) are printed together, after the start-up noise.
@@ -101,9 +101,6 @@ def main() -> int:
         redis_server = EmbeddedRedis().start()
         os.environ["RELAY_REDIS_URL"] = redis_server.url
         print(f"relay: embedded Redis on {redis_server.url} (persistence off)", flush=True)
-    if os.environ.get("RELAY_REDIS_CLUSTER_NODES") and not os.environ.get("RELAY_PRESENCE_REDIS_URL"):
-        # The channel layer is on the cluster; presence needs a single Redis (docs/scaling.md).
-        os.environ["RELAY_PRESENCE_REDIS_URL"] = os.environ["RELAY_REDIS_URL"]
     daphne = None
     try:
         manage("migrate", "--noinput", "-v", "0")

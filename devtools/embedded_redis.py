@@ -121,6 +121,11 @@ class EmbeddedRedis:
                 self._process.wait()
         self._process = None
 
+    @property
+    def running(self) -> bool:
+        """Whether the server's process is alive (a paused one is)."""
+        return self._process is not None and self._process.poll() is None
+
     def kill(self) -> None:
         """Die at once (SIGKILL), as a crashed host would."""
         if self._process is not None and self._process.poll() is None:

@@ -188,6 +188,15 @@ class EmbeddedRedisCluster:
         ports = {entry["port"] for entry in view if "master" in entry["flags"] and entry["slots"]}
         return [node for node in live if node.port in ports]
 
+    def flush(self) -> None:
+        """Empty every master (their replicas follow): a test starts from no keys."""
+        for node in self.masters():
+            client = self._client(node)
+            try:
+                client.flushall()
+            finally:
+                client.close()
+
     def master_of(self, key: str) -> EmbeddedRedis:
         """The live node that serves `key`'s slot (a shard channel's too) now."""
         live = self._live_nodes()

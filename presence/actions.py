@@ -20,6 +20,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
+from presence.keys import user_bucket
 from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen, members_seeing_only
 from presence.scripts import member, split_member
 from presence.store import REAP_BATCH, Election, PresenceStore, Timings, record_failure
@@ -144,7 +145,9 @@ class PresenceService:
     def __init__(self, timings: Timings | None = None) -> None:
         self.timings = timings or Timings.from_settings()
         self.clock = clock
-        self.store = PresenceStore(settings.RELAY_PRESENCE_REDIS_URL, self.timings)
+        self.store = PresenceStore(
+            settings.RELAY_PRESENCE_REDIS_URL, self.timings, settings.RELAY_PRESENCE_CLUSTER_NODES
+        )
         self.held: dict[Subject, Held] = {}
         self.pending: dict[Subject, Timer] = {}
         self.closed = False
@@ -162,8 +165,8 @@ class PresenceService:
         self._tasks: set[asyncio.Task] = set()
         # Resolved by the next refresh Redis answers (`next_answer`).
         self._answered: asyncio.Future | None = None
-        # The first epoch an election here answered (`_unsettled`).
-        self._first_epoch: str | None = None
+        # The first epoch an election here answered, per bucket (each has its own: `_unsettled`).
+        self._first_epochs: dict[int, str] = {}
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
@@ -230,21 +233,20 @@ class PresenceService:
             await self.publish(
                 conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
             )
-        return election.online, election.occupancy, self._unsettled(election)
+        return election.online, election.occupancy, self._unsettled(user_bucket(*subject), election)
 
-    def _unsettled(self, election: Election) -> int:
+    def _unsettled(self, bucket: int, election: Election) -> int:
         """For how long (ms) the election's snapshot may miss users still to be re-elected.
 
-        An epoch other than the first this service saw is Redis having lost its data while this
-        instance lived: until every live holder's refresh has re-elected its users
-        (`Timings.rejoin` after the epoch began), a co-member online all along can be missing
-        from the channels' online sets, and nothing would ever be published about them.
+        An epoch of the user's bucket other than the first this service saw there is Redis having
+        lost its data while this instance lived: until every live holder's refresh has re-elected
+        its users (`Timings.rejoin` after the epoch began), a co-member online all along can be
+        missing from the channels' online sets, and nothing would ever be published about them.
         """
         if election.epoch is None:
             return 0
-        if self._first_epoch is None:
-            self._first_epoch = election.epoch
-        if election.epoch == self._first_epoch:
+        first = self._first_epochs.setdefault(bucket, election.epoch)
+        if election.epoch == first:
             return 0
         return max(0, self.timings.rejoin - election.epoch_age_ms)
 
@@ -550,7 +552,7 @@ class PresenceService:
             held.confirmed = True
 
     async def _reap(self) -> None:
-        """Decide every due deadline, a REAP script at a time, until fewer than a batch were due."""
+        """Decide every due deadline, a pass over every bucket at a time, until fewer than a batch were due in each."""
         prefix = None if self.closed else channel_layer().group_channel_prefix(GROUP_PREFIX, self.store.url)
         while not self.closed:
             reaped = await self.store.reap(prefix)

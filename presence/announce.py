@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
+from redis.exceptions import RedisClusterException
 
 from presence.fabric import group_name, transition_message
 from presence.queries import is_invisible, large_channel_ids
@@ -116,7 +117,7 @@ def join_online_set(environment_id: str, user_id: str, channel_id: str) -> None:
         if not client.exists(presence_key(environment_id, user_id)):
             # Only this write's entry: one a connect renewed meanwhile scores higher and stays.
             client.register_script(CHANNEL_UNSEEN)(keys=[key], args=[float(score) + 1, user_id])
-    except (redis.RedisError, OSError) as error:
+    except (redis.RedisError, RedisClusterException, OSError) as error:
         # The holders' own write (as they apply the change) and their refresh still add them.
         record_failure("channel_joined", error)
     finally:
@@ -132,7 +133,7 @@ def announce(environment_id: str, user_id: str, publish: Sequence[tuple[str, byt
     try:
         script = sync_client().register_script(ANNOUNCE)
         return bool(script(keys=[presence_key(environment_id, user_id)], args=[p for pair in publish for p in pair]))
-    except (redis.RedisError, OSError) as error:
+    except (redis.RedisError, RedisClusterException, OSError) as error:
         record_failure("announce", error)
         return None
     finally:

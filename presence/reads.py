@@ -12,6 +12,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db.models import Exists, OuterRef
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from presence import actions
@@ -165,16 +167,24 @@ def users_online(users: Sequence[User]) -> list[bool] | None:
 
 # ── the blocking reads of HTTP views and admin (they run in threads) ────────────
 
-_sync_clients: dict[str, redis.Redis] = {}
+_sync_clients: dict[tuple[str, tuple], redis.Redis | RedisCluster] = {}
 
 
-def sync_client() -> redis.Redis:
-    """The process's blocking presence client (HTTP views and admin run in threads)."""
-    url = settings.RELAY_PRESENCE_REDIS_URL
-    client = _sync_clients.get(url)
+def sync_client() -> redis.Redis | RedisCluster:
+    """The process's blocking presence client (HTTP views and admin run in threads).
+
+    A `RedisCluster` when presence runs on one (RELAY_PRESENCE_CLUSTER_NODES): each command goes
+    to the master of its key's slot.
+    """
+    url, nodes = settings.RELAY_PRESENCE_REDIS_URL, tuple(settings.RELAY_PRESENCE_CLUSTER_NODES)
+    client = _sync_clients.get((url, nodes))
     if client is None:
-        client = redis_clients.sync_client(url, retry=Retry(NoBackoff(), 0), **client_options())
-        _sync_clients[url] = client
+        if nodes:
+            options = {**client_options(), **redis_clients.cluster_options(url)}
+            client = redis_clients.cluster_sync_client(list(nodes), retry=Retry(NoBackoff(), 1), **options)
+        else:
+            client = redis_clients.sync_client(url, retry=Retry(NoBackoff(), 0), **client_options())
+        _sync_clients[(url, nodes)] = client
     return client
 
 
@@ -182,19 +192,20 @@ def online_members() -> dict[str, list[str]] | None:
     """Every online user by environment id, from one pass over the presence keys; None on failure.
 
     A SCAN rather than an MGET of every user in the table: its cost follows the keyspace
-    (what is online) instead of the user table, and it never blocks Redis like KEYS would.
+    (what is online) instead of the user table, and it never blocks Redis like KEYS would (on a
+    cluster, a SCAN of every master).
     """
     started = time.perf_counter()
     found: dict[str, list[str]] = {}
     try:
-        for raw in sync_client().scan_iter(match="presence:*", count=1000):
-            name = as_text(raw)[len("presence:") :]
+        # Only `presence:{b<n>}:{env uuid}:{user}` means online: markers, connection sets and the
+        # deadline sets name their kind before the bucket's tag.
+        for raw in sync_client().scan_iter(match="presence:{b*", count=1000):
+            _, _, name = as_text(raw).partition("}:")
             environment_id, _, user_id = name.partition(":")
-            # Markers, connection sets and the deadline set share the prefix; only
-            # `presence:{env uuid}:{user}` means online.
             if len(environment_id) == 36 and user_id and environment_id.count("-") == 4:
                 found.setdefault(environment_id, []).append(user_id)
-    except (redis.RedisError, OSError) as error:
+    except (redis.RedisError, RedisClusterException, OSError) as error:
         record_failure("online_members", error)
         return None
     finally:
@@ -205,14 +216,17 @@ def online_members() -> dict[str, list[str]] | None:
 def online_flags(subjects: Sequence[tuple[str, str]], op: str = "online_flags") -> list[bool] | None:
     """Return, for each (environment id, user id), whether they are online now; None on failure.
 
-    One round trip for the whole list (MGET), logged as `presence.failed` when Redis is down.
+    One round trip for the whole list (MGET; on a cluster, one per master), logged as
+    `presence.failed` when Redis is down.
     """
     if not subjects:
         return []
     started = time.perf_counter()
+    keys = [presence_key(env, user) for env, user in subjects]
     try:
-        values = sync_client().mget([presence_key(env, user) for env, user in subjects])
-    except (redis.RedisError, OSError) as error:
+        client = sync_client()
+        values = client.mget_nonatomic(keys) if isinstance(client, RedisCluster) else client.mget(keys)
+    except (redis.RedisError, RedisClusterException, OSError) as error:
         record_failure(op, error)
         return None
     finally:

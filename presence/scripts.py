@@ -1,24 +1,27 @@
 """The presence key layout and the Lua scripts that change it: what Redis runs, in one place.
 
-Keys, all scoped by environment so the same user id in two tenants is two people:
+Keys, all scoped by environment so the same user id in two tenants is two people, and laid out
+for Redis Cluster (presence/keys.py): a user's keys carry their bucket's tag `{b<n>}`, the keys
+spanning users exist once per bucket, and every script declares every key it touches in KEYS, all
+of one bucket (or of one channel), so each script runs on one slot:
 
-- `presence:{env}:{user}`          the presence key: exists while the user is online (the election)
-- `presence:offline:{env}:{user}`  the offline marker: elects one publisher of `offline`
-- `presence:conns:{env}:{user}`    sorted set of live connection ids (score = expiry, Redis ms)
-- `presence:deadlines`             sorted set of `{env}:{user}` (score = when a silent holder is
-                                   presumed dead: last refresh + TTL + grace), reaped by every instance
-- `presence:channels:{env}:{user}` hash beside the deadline: `c` the user's channel ids (comma-
-                                   separated) as their holders last wrote them, `e` the epoch then,
-                                   `h` "1" while watchers were last told `offline` by invisibility;
-                                   what the reaper's `offline` needs, with no database read
-- `presence:epoch`                 a random id (and `@` when it began) written by the first instance
-                                   that finds it missing: a different or missing epoch means Redis
-                                   lost its data meanwhile
+- `presence:{b<n>}:{env}:{user}`          the presence key: exists while the user is online (the election)
+- `presence:offline:{b<n>}:{env}:{user}`  the offline marker: elects one publisher of `offline`
+- `presence:conns:{b<n>}:{env}:{user}`    sorted set of live connection ids (score = expiry, Redis ms)
+- `presence:deadlines:{b<n>}`             sorted set of the bucket's `{env}:{user}` (score = when a
+                                          silent holder is presumed dead: last refresh + TTL + grace),
+                                          reaped bucket by bucket by every instance
+- `presence:channels:{b<n>}:{env}:{user}` hash beside the deadline: `c` the user's channel ids (comma-
+                                          separated) as their holders last wrote them, `e` the epoch
+                                          then, `h` "1" while watchers were last told `offline` by
+                                          invisibility; what the reaper's `offline` needs, with no
+                                          database read
+- `presence:epoch:{b<n>}`                 a random id (and `@` when it began) written by the first script
+                                          that finds it missing:
+                                          a different or missing epoch means the bucket's Redis (a
+                                          cluster's master of its slot) lost its data meanwhile
 
-The scripts derive the per-user key names from the `{env}:{user}` member (the environment is a
-36-character UUID, so the first colon after it is unambiguous). They touch keys not declared in
-KEYS, which a single Redis allows and Redis Cluster would not; presence runs on one Redis. New
-keys are built with presence/keys.py's hash tags instead and declared in KEYS.
+The refresh and the reaper, which take many users, run one script per bucket (pipelined).
 
 Above each script, its "Equivalent Python": what the script does, written as if Redis were a
 dict, for a reader who does not read Lua. The script is what runs; the Python is never executed.
@@ -29,11 +32,7 @@ before adding a command to it. The async client that calls them is presence/stor
 
 import uuid
 
-from presence.keys import channel_tag
-from webhooks.stream import LUA_BUCKET
-
-DEADLINES = "presence:deadlines"
-EPOCH = "presence:epoch"
+from presence.keys import bucket_tag, channel_tag, user_bucket, user_tag
 
 
 def member(environment_id: str, user_id: str) -> str:
@@ -47,24 +46,53 @@ def split_member(name: str) -> tuple[str, str]:
     return environment_id, user_id
 
 
+def member_bucket(name: str) -> int:
+    """The bucket of a `{env}:{user}` member (presence/keys.py)."""
+    return user_bucket(*split_member(name))
+
+
+def _user_key(kind: str, environment_id: str, user_id: str) -> str:
+    return f"presence:{kind}{user_tag(environment_id, user_id)}:{member(environment_id, user_id)}"
+
+
 def presence_key(environment_id: str, user_id: str) -> str:
     """The key whose existence means "online"."""
-    return f"presence:{member(environment_id, user_id)}"
+    return _user_key("", environment_id, user_id)
 
 
 def marker_key(environment_id: str, user_id: str) -> str:
     """The marker whose `SET NX` elects the one publisher of `offline`."""
-    return f"presence:offline:{member(environment_id, user_id)}"
+    return _user_key("offline:", environment_id, user_id)
 
 
 def connections_key(environment_id: str, user_id: str) -> str:
     """The sorted set of the user's live connections on every instance."""
-    return f"presence:conns:{member(environment_id, user_id)}"
+    return _user_key("conns:", environment_id, user_id)
 
 
 def channels_key(environment_id: str, user_id: str) -> str:
     """The hash beside the deadline: the user's channel ids (`c`) and the epoch they were written in (`e`)."""
-    return f"presence:channels:{member(environment_id, user_id)}"
+    return _user_key("channels:", environment_id, user_id)
+
+
+def deadlines_key(bucket: int) -> str:
+    """The sorted set of one bucket's deadlines."""
+    return f"presence:deadlines:{bucket_tag(bucket)}"
+
+
+def epoch_key(bucket: int) -> str:
+    """The epoch of one bucket's data."""
+    return f"presence:epoch:{bucket_tag(bucket)}"
+
+
+def user_deadlines_key(environment_id: str, user_id: str) -> str:
+    """The deadline set of the user's bucket."""
+    return deadlines_key(user_bucket(environment_id, user_id))
+
+
+def user_epoch_key(environment_id: str, user_id: str) -> str:
+    """The epoch of the user's bucket."""
+    return epoch_key(user_bucket(environment_id, user_id))
 
 
 def channel_online_key(channel_id: str) -> str:
@@ -99,9 +127,10 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 # which a snapshot read before the live holders re-elected their users is known (and repaired).
 #
 # The epoch's TTL: every REFRESH renews it (presence/store.py's `Timings.epoch_ttl`, shorter than
-# any deadline is long), and ADMIT gives one to an epoch that has none (the TTL: the first
-# deadline outlasts it) before it writes a deadline, so no deadline stands in Redis beside an
-# epoch without a TTL. It outlives no live instance, and survives no old dump: an RDB or AOF
+# any deadline is long), and ADMIT gives one to an epoch that has none (TTL + grace, as long as
+# the deadline it writes: a connection closed before any refresh has its grace check decided
+# within that) before it writes a deadline, so no deadline stands in Redis beside an epoch
+# without a TTL. It outlives no live instance, and survives no old dump: an RDB or AOF
 # restored from before the TTL brings back stale keys and deadlines but no epoch; the first
 # script starts a new one, and the reaper and grace checks treat the old data as lost (they
 # wait a refresh for the live holders) instead of deciding `offline` for connected users.
@@ -120,24 +149,23 @@ end
 
 # ── a connection: admitted, released ────────────────────────────────────────
 
-# This script is delicate and performance-sensitive: it runs on every connect, and its snapshot
-# read costs one EXISTS per id asked.
+# This script is delicate and performance-sensitive: it runs on every connect.
 #
-# KEYS: conns, key, marker, deadlines, channels, epoch. ARGV: connection id, ttl, grace, max,
-# member, environment id, fresh epoch, the user's channel ids (comma-separated), n, "1" when the
-# user is invisible (their `online` is for their own connections only) else "0", then n
-# (channel, payload) pairs to PUBLISH if this connection wins, then the user ids whose presence
-# the connection's snapshot needs. The limit, the election, the winner's `online` and the
-# snapshot's read in one round trip. Returns {admitted, won, epoch, the epoch's age (ms),
-# online user id, ...}; won is 0 (the user was online already), 1 (this connection publishes
-# `online`) or 2 (the key was gone but the user's last `online` was never retracted: nothing to
-# publish). Webhooks: with a 7th key (the
+# KEYS: conns, key, marker, deadlines, channels, epoch (the deadlines and the epoch of the user's
+# bucket). ARGV: connection id, ttl, grace, max, member, environment id, fresh epoch, the user's
+# channel ids (comma-separated), n, then n (channel, payload) pairs to PUBLISH if this connection
+# wins, then "1" when the user is invisible (their `online` is for their own connections only)
+# else "0". The limit, the election and the winner's `online` in one round trip (the snapshot is read
+# from the channels' online sets beside it). Returns {admitted, won, epoch, the epoch's age (ms)};
+# won is 0 (the
+# user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
+# user's last `online` was never retracted: nothing to publish). Webhooks: with a 7th key (the
 # user's bucket stream, webhooks/stream.py), the winner's `user.online` is XADDed there too.
 #
 # Equivalent Python:
 #
 #     if not redis[epoch_key].has_expiry():
-#         redis[epoch_key].expire(ttl)                     # until the next refresh renews it
+#         redis[epoch_key].expire(ttl + grace)             # until the next refresh renews it
 #     conns = {c: expiry for c, expiry in conns.items() if expiry > now}
 #     if len(conns) >= max:
 #         return [0, 0]                                    # refused: 4429
@@ -160,7 +188,7 @@ end
 #     deadlines[member] = now + ttl + grace
 #     channels_hash.update(c=channel_ids, e=epoch)
 #     age = now - int(epoch.rpartition("@")[2] or 0)
-#     return [1, won, epoch, age, *(user for user in watch if f"presence:{env}:{user}" in redis)]
+#     return [1, won, epoch, age]
 ADMIT = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
@@ -168,7 +196,7 @@ ADMIT = (
 local ttl = tonumber(ARGV[2])
 -- The epoch's TTL, from the first deadline on (begin)
 if redis.call('PTTL', KEYS[6]) == -1 then
-  redis.call('PEXPIRE', KEYS[6], ttl)
+  redis.call('PEXPIRE', KEYS[6], ttl + tonumber(ARGV[3]))
 end
 -- (end)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -189,12 +217,12 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
     won = 1
     -- The winner clears "somebody already said they left" so the next departure elects again.
     redis.call('DEL', KEYS[3])
-    for i = 11, 10 + 2 * tonumber(ARGV[9]), 2 do
+    for i = 10, 9 + 2 * tonumber(ARGV[9]), 2 do
       redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
     end
     -- Whether watchers were told: an invisible user's `online` went to their own connections
     -- only, so the reaper owes watchers no `offline` for them (REAP, VISIBILITY).
-    redis.call('HSET', KEYS[5], 'h', ARGV[10])
+    redis.call('HSET', KEYS[5], 'h', ARGV[10 + 2 * tonumber(ARGV[9])])
     -- webhooks: the event, atomic with the decision
     if KEYS[7] then
       redis.call('XADD', KEYS[7], '*', 't', 'user.online', 'e', ARGV[6],
@@ -209,15 +237,8 @@ end
 redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
 redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
 -- The epoch and its age: a young one means Redis lost its data moments ago (begin)
-local reply = {1, won, epoch, now - (tonumber(string.match(epoch, '@(%d+)$')) or 0)}
+return {1, won, epoch, now - (tonumber(string.match(epoch, '@(%d+)$')) or 0)}
 -- (end)
-local prefix = 'presence:' .. ARGV[6] .. ':'
-for i = 11 + 2 * tonumber(ARGV[9]), #ARGV do
-  if redis.call('EXISTS', prefix .. ARGV[i]) == 1 then
-    table.insert(reply, ARGV[i])
-  end
-end
-return reply
 """
 )
 
@@ -394,11 +415,12 @@ return 1
 # ── every interval: refresh, reap ────────────────────────────────────────────
 
 # This script is delicate and performance-sensitive: one call carries every user the instance
-# holds, so it holds Redis for as long as that list takes.
+# holds in one bucket, so it holds Redis (the bucket's master) for as long as that list takes.
 #
-# KEYS: deadlines, epoch. ARGV: ttl, grace, fresh epoch, epoch ttl, then per held user: member,
-# "=" and the user's channel ids (comma-separated) when they changed since this instance last
-# wrote them or "" when not, n, n connection ids. One round trip per instance per interval.
+# KEYS: the bucket's deadlines and epoch, then per held user of the bucket: key, marker, conns,
+# channels. ARGV: ttl, grace, fresh epoch, epoch ttl, then per held user: member, "=" and the
+# user's channel ids (comma-separated) when they changed since this instance last wrote them or
+# "" when not, n, n connection ids. One script per bucket per instance per interval, pipelined.
 # Every refresh renews the epoch's TTL (see "The epoch's TTL" below). Returns
 # {{member, had_marker, ...}, {member, ...}}: the keys found missing under a live connection
 # (a Redis restart or eviction), which are re-elected, and the users whose channels are missing
@@ -408,20 +430,20 @@ return 1
 #
 #     redis[epoch_key].expire(epoch_ttl)
 #     vanished, unwritten = [], []
-#     for member, channels, connection_ids in held:
-#         if f"presence:{member}" in redis:
-#             redis[f"presence:{member}"].expire(ttl)
+#     for (member, channels, connection_ids), (key, marker, conns, info) in held:
+#         if key in redis:
+#             redis[key].expire(ttl)
 #         else:                                            # lost under a live connection
-#             redis[f"presence:{member}"] = expiring(ttl)
-#             had_marker = redis.pop(f"presence:offline:{member}", None) is not None
+#             redis[key] = expiring(ttl)
+#             had_marker = redis.pop(marker, None) is not None
 #             vanished += [member, had_marker]
 #         for connection_id in connection_ids:
-#             redis[f"presence:conns:{member}"][connection_id] = now + ttl
-#         redis[f"presence:conns:{member}"].expire(ttl)
+#             redis[conns][connection_id] = now + ttl
+#         redis[conns].expire(ttl)
 #         deadlines[member] = now + ttl + grace
 #         if channels:                                     # "=a,b" when they changed
-#             redis[f"presence:channels:{member}"].update(c=channels[1:], e=epoch)
-#         elif f"presence:channels:{member}" not in redis:
+#             redis[info].update(c=channels[1:], e=epoch)
+#         elif info not in redis:
 #             unwritten.append(member)
 #     return [vanished, unwritten]
 REFRESH = (
@@ -436,143 +458,173 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 local vanished = {}
 local unwritten = {}
 local i = 5
+local k = 3
 while i <= #ARGV do
   local name = ARGV[i]
   local count = tonumber(ARGV[i + 2])
-  local key = 'presence:' .. name
-  if not redis.call('SET', key, '1', 'PX', ttl, 'XX') then
-    redis.call('SET', key, '1', 'PX', ttl)
+  if not redis.call('SET', KEYS[k], '1', 'PX', ttl, 'XX') then
+    redis.call('SET', KEYS[k], '1', 'PX', ttl)
     -- Unconditionally: a stale "offline was said" must not stand against a connected user.
-    local had_marker = redis.call('DEL', 'presence:offline:' .. name)
+    local had_marker = redis.call('DEL', KEYS[k + 1])
     table.insert(vanished, name)
     table.insert(vanished, had_marker)
   end
-  local conns = 'presence:conns:' .. name
   for j = 1, count do
-    redis.call('ZADD', conns, now + ttl, ARGV[i + 2 + j])
+    redis.call('ZADD', KEYS[k + 2], now + ttl, ARGV[i + 2 + j])
   end
-  redis.call('PEXPIRE', conns, ttl)
+  redis.call('PEXPIRE', KEYS[k + 2], ttl)
   redis.call('ZADD', KEYS[1], now + ttl + grace, name)
-  local channels = 'presence:channels:' .. name
   if ARGV[i + 1] ~= '' then
-    redis.call('HSET', channels, 'c', string.sub(ARGV[i + 1], 2), 'e', epoch)
-  elseif redis.call('EXISTS', channels) == 0 then
+    redis.call('HSET', KEYS[k + 3], 'c', string.sub(ARGV[i + 1], 2), 'e', epoch)
+  elseif redis.call('EXISTS', KEYS[k + 3]) == 0 then
     table.insert(unwritten, name)
   end
   i = i + 3 + count
+  k = k + 4
 end
 return {vanished, unwritten}
 """
 )
 
 
-# This script is delicate and performance-sensitive: it decides `offline` for users nobody
-# holds any more, and one call takes up to a batch of them (presence/store.py's REAP_BATCH).
+# The first half of a reaper's pass over one bucket: which deadlines are due (their holder stopped
+# refreshing: a dead instance). A script, not a read, for Redis's own clock; it also keeps the
+# bucket's epoch alive (created when missing, renewed like REFRESH does) while any instance lives,
+# so a bucket whose users' only holder died still has the epoch their deadlines were written in.
 #
-# KEYS: deadlines, epoch. ARGV: marker ttl, grace, batch, the wait for the live holders (two
-# refresh intervals), fresh epoch, a uuid4 the
-# transition ids are made from, the Redis channel prefix of the presence groups ("" when the
-# groups live on another Redis). Takes due deadlines (their holder stopped refreshing: a dead
-# instance) and elects one publisher of `offline` per user through the same marker as the grace
-# check, so a reaper and a grace check never both publish; with a prefix, the winner's `offline`
-# is PUBLISHed here, to the channels kept beside the deadline, so no `online` of a reconnect can
-# fall between the decision and the publish. A deadline written in another epoch than Redis's
-# waits for the live holders to re-elect first. The message is the channel
-# layer's own encoding (msgpack) of `presence.fabric.transition_message`.
+# KEYS: the bucket's deadlines and epoch. ARGV: fresh epoch, epoch ttl, batch. Returns the due
+# members, at most a batch.
+#
+# Equivalent Python:
+#
+#     redis[epoch_key].expire(epoch_ttl)
+#     return [m for m, deadline in deadlines.items() if deadline <= now][:batch]
+DUE = (
+    _NOW
+    + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[1]")
+    + """
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+"""
+)
+
+
+# This script is delicate and performance-sensitive: it decides `offline` for users nobody
+# holds any more, and one call takes up to a batch of one bucket's (presence/store.py's REAP_BATCH).
+#
+# KEYS: the bucket's deadlines and epoch, the bucket's webhook stream when an environment listens,
+# then per user DUE found: key, channels, marker. ARGV: marker ttl, grace, the wait for the live
+# holders (two refresh intervals), fresh epoch, a uuid4 the transition ids are made from, the
+# Redis channel prefix of the presence groups ("" when a script cannot publish to them: another
+# Redis, or a cluster), the environments that listen for webhooks (comma-separated, "" for none),
+# the TTL, then the members. Each member's deadline is looked at again (another instance's
+# reaper, or a connect, may have taken it since DUE read it); a due one is decided through the
+# same marker as the grace check, so a reaper and a grace check never both publish; with a
+# prefix, the winner's `offline` is PUBLISHed here, to the channels kept beside the deadline, so
+# no `online` of a reconnect can fall between the decision and the publish. A deadline written
+# in another epoch than the bucket's waits for the live holders to re-elect first. The message is
+# the channel layer's own encoding (msgpack) of `presence.fabric.transition_message`.
 # An invisible user's watchers were told `offline` when the user turned invisible (`h` in the hash,
 # VISIBILITY): nothing is published for them, and won is 2.
-# Returns {due, member, won, channel ids (comma-separated), ...}. Webhooks: with every bucket's
-# stream as KEYS 3 on, ARGV 8 the environments that listen (comma-separated) and ARGV 9 the TTL,
-# a winner of a listening environment has its `user.offline` XADDed to its bucket's stream (the
-# bucket computed in Lua as presence/keys.py does).
+# Returns {member, won, channel ids (comma-separated), ...}. Webhooks: a winner of a listening
+# environment has its `user.offline` XADDed to the bucket's stream.
 #
 # Equivalent Python:
 #
 #     decided = []
-#     due = [m for m, deadline in deadlines.items() if deadline <= now][:batch]
-#     for member in due:
-#         info = redis.get(f"presence:channels:{member}", {})
-#         if f"presence:{member}" in redis:                # still held, or pinned by a close
-#             deadlines[member] = now + max(redis[f"presence:{member}"].pttl(), 0) + grace
-#         elif info.get("e") not in (None, epoch):         # written before Redis lost its data
+#     for member, (key, info, marker) in users:
+#         deadline = deadlines.get(member)
+#         if deadline is None or deadline > now:           # taken or renewed since DUE
+#             continue
+#         if key in redis:                                 # still held, or pinned by a close
+#             deadlines[member] = now + max(redis[key].pttl(), 0) + grace
+#         elif redis[info].get("e") not in (None, epoch):  # written before Redis lost its data
 #             deadlines[member] = now + wait
-#             info["e"] = epoch
+#             redis[info]["e"] = epoch
 #         else:
-#             del deadlines[member], redis[f"presence:channels:{member}"]
-#             won = f"presence:offline:{member}" not in redis
+#             channels = redis[info].get("c", "")
+#             hidden = redis[info].get("h") == "1"          # invisible: watchers heard `offline` then
+#             del deadlines[member], redis[info]
+#             won = marker not in redis
 #             if won:
-#                 redis[f"presence:offline:{member}"] = expiring(marker_ttl)
-#                 if info.get("h") == "1":                 # invisible: watchers heard `offline` then
+#                 redis[marker] = expiring(marker_ttl)
+#                 if hidden:
 #                     won = 2
 #                 elif prefix:
-#                     for channel in info.get("c", "").split(","):
+#                     for channel in channels.split(","):
 #                         redis.publish(prefix + channel, offline_message(member, channel))
 #                 if env in listening:                     # webhooks: the event, with the decision
-#                     redis.xadd(streams[user_bucket(env, user)], t="user.offline", e=env, u=user,
-#                                c=info.get("c", ""), l=deadline - ttl - grace)
-#             decided += [member, won, info.get("c", "")]
-#     return [len(due), *decided]
+#                     redis.xadd(stream, t="user.offline", e=env, u=user, c=channels,
+#                                l=deadline - ttl - grace)
+#             decided += [member, won, channels]
+#     return decided
 REAP = (
-    LUA_BUCKET
-    + _NOW
-    + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[5]")
+    _NOW
+    + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[4]")
     + """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local prefix = ARGV[7]
-local base = string.sub(ARGV[6], 1, 28)
+local prefix = ARGV[6]
+local base = string.sub(ARGV[5], 1, 28)
 local made = 0
-local decided = {#due}
+local decided = {}
 local listening = {}
-for environment in string.gmatch(ARGV[8] or '', '[^,]+') do
+local k = 3
+for environment in string.gmatch(ARGV[7], '[^,]+') do
   listening[environment] = true
 end
-for _, name in ipairs(due) do
-  local pttl = redis.call('PTTL', 'presence:' .. name)
-  local info = 'presence:channels:' .. name
-  local written = redis.call('HGET', info, 'e')
-  if pttl ~= -2 then
-    -- Still held (or pinned by a close): look again once it could have expired.
-    redis.call('ZADD', KEYS[1], now + math.max(pttl, 0) + tonumber(ARGV[2]), name)
-  elseif written and written ~= epoch then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), name)
-    redis.call('HSET', info, 'e', epoch)
-  else
-    local csv = redis.call('HGET', info, 'c') or ''
-    local hidden = redis.call('HGET', info, 'h') == '1'
-    local environment = string.sub(name, 1, 36)
-    -- webhooks: a deadline is the last refresh + TTL + grace, so it says when they were last seen
-    local deadline = listening[environment] and tonumber(redis.call('ZSCORE', KEYS[1], name))
-    redis.call('ZREM', KEYS[1], name)
-    redis.call('DEL', info)
-    local won = 0
-    if redis.call('SET', 'presence:offline:' .. name, '1', 'PX', ARGV[1], 'NX') then
-      won = 1
-      if hidden then
-        won = 2
-      elseif prefix ~= '' then
-        local channels = {}
-        for channel in string.gmatch(csv, '[^,]+') do
-          table.insert(channels, channel)
+if ARGV[7] ~= '' then
+  k = 4
+end
+for i = 9, #ARGV do
+  local name = ARGV[i]
+  local key, info, marker = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  k = k + 3
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], name))
+  if deadline and deadline <= now then
+    local pttl = redis.call('PTTL', key)
+    local written = redis.call('HGET', info, 'e')
+    if pttl ~= -2 then
+      -- Still held (or pinned by a close): look again once it could have expired.
+      redis.call('ZADD', KEYS[1], now + math.max(pttl, 0) + tonumber(ARGV[2]), name)
+    elseif written and written ~= epoch then
+      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), name)
+      redis.call('HSET', info, 'e', epoch)
+    else
+      local csv = redis.call('HGET', info, 'c') or ''
+      local hidden = redis.call('HGET', info, 'h') == '1'
+      local environment = string.sub(name, 1, 36)
+      redis.call('ZREM', KEYS[1], name)
+      redis.call('DEL', info)
+      local won = 0
+      if redis.call('SET', marker, '1', 'PX', ARGV[1], 'NX') then
+        won = 1
+        if hidden then
+          won = 2
+        elseif prefix ~= '' then
+          local channels = {}
+          for channel in string.gmatch(csv, '[^,]+') do
+            table.insert(channels, channel)
+          end
+          made = made + 1
+          local transition = base .. string.format('%08x', made)
+          local user = string.sub(name, 38)
+          for _, channel in ipairs(channels) do
+            redis.call('PUBLISH', prefix .. channel, cmsgpack.pack({
+              type = 'presence.transition', user = user, state = 'offline', transition = transition,
+              channel = channel, copies = #channels}))
+          end
         end
-        made = made + 1
-        local transition = base .. string.format('%08x', made)
-        local user = string.sub(name, 38)
-        for _, channel in ipairs(channels) do
-          redis.call('PUBLISH', prefix .. channel, cmsgpack.pack({
-            type = 'presence.transition', user = user, state = 'offline', transition = transition,
-            channel = channel, copies = #channels}))
+        -- webhooks: the event, atomic with the decision; a deadline is the last refresh + TTL +
+        -- grace, so it says when they were last seen
+        if listening[environment] then
+          local last_seen = deadline - tonumber(ARGV[8]) - tonumber(ARGV[2])
+          redis.call('XADD', KEYS[3], '*', 't', 'user.offline', 'e', environment,
+            'u', string.sub(name, 38), 'c', csv, 'l', string.format('%d', last_seen))
         end
       end
-      -- webhooks: the event, atomic with the decision
-      if deadline then
-        local last_seen = deadline - tonumber(ARGV[9]) - tonumber(ARGV[2])
-        redis.call('XADD', KEYS[3 + webhook_bucket(name, #KEYS - 2)], '*', 't', 'user.offline',
-          'e', environment, 'u', string.sub(name, 38), 'c', csv, 'l', string.format('%d', last_seen))
-      end
+      table.insert(decided, name)
+      table.insert(decided, won)
+      table.insert(decided, csv)
     end
-    table.insert(decided, name)
-    table.insert(decided, won)
-    table.insert(decided, csv)
   end
 end
 return decided

@@ -19,14 +19,14 @@ from django.conf import settings
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 
+from presence.keys import BUCKETS, user_bucket
 from presence.scripts import (
     ADMIT,
     CHANNEL_SEEN,
     CHANNEL_UNSEEN,
-    DEADLINES,
-    EPOCH,
+    DUE,
     GRACE_CHECK,
     REAP,
     REFRESH,
@@ -34,16 +34,23 @@ from presence.scripts import (
     channel_online_key,
     channels_key,
     connections_key,
+    deadlines_key,
+    epoch_key,
     fresh_epoch,
     marker_key,
     member,
+    member_bucket,
     presence_key,
+    split_member,
+    user_deadlines_key,
+    user_epoch_key,
 )
 from relay import metrics, redis_clients
 from relay.batching import GroupCommit
 from relay.logging import Event, log_event
+from relay.transport.cluster import cluster_client, queue_script
 from relay.transport.hiredis import pack_with_hiredis
-from webhooks.stream import reap_streams, user_stream_keys
+from webhooks.stream import bucket_stream_keys, user_stream_keys
 
 logger = logging.getLogger("presence")
 
@@ -52,8 +59,8 @@ T = TypeVar("T")
 # Long enough to fail over to a dead peer, short enough that a dead store is noticed on the
 # call that hit it rather than after a queue of them (docs/presence.md, Failure behaviour).
 TIMEOUT_SECONDS = 0.5
-# How many due deadlines one REAP script takes: a pass runs scripts until fewer are due, and
-# one script of this size holds Redis for a few milliseconds.
+# How many due deadlines one REAP script takes (one bucket's): a pass runs scripts until fewer
+# are due in every bucket, and one script of this size holds Redis for a few milliseconds.
 REAP_BATCH = 1000
 MAX_ERROR_LENGTH = 200
 
@@ -88,15 +95,15 @@ class Election:
 
 @dataclass(frozen=True)
 class Reaped:
-    """One REAP script's answer: how many deadlines were due, and the users it decided."""
+    """One reaper pass's answer: the most deadlines due in one bucket, and the users it decided."""
 
     due: int
     # (member, won the offline election, the channel ids kept beside the deadline)
     decided: list[tuple[str, bool, list[str]]]
-    # Redis's time just before the script decided them (ms): the bound of their channel entries' removal.
-    decided_ms: int = 0
     # The winners that were invisible: their watchers heard `offline` already, and were told nothing.
     hidden: frozenset[str] = frozenset()
+    # Redis's time just before the script decided them (ms): the bound of their channel entries' removal.
+    decided_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,19 +184,36 @@ def client_options() -> dict:
 
 
 class PresenceStore:
-    """The async presence client of one event loop, with its scripts and fail-fast wrapper."""
+    """The async presence client of one event loop, with its scripts and fail-fast wrapper.
 
-    def __init__(self, url: str, timings: Timings) -> None:
+    On a Redis Cluster (`cluster_nodes`) the client is redis-py's `RedisCluster`, which sends each
+    script to the master of its keys' slot (all of one bucket or one channel: presence/scripts.py);
+    of `url` only the user, the password and TLS apply then.
+    """
+
+    def __init__(self, url: str, timings: Timings, cluster_nodes: Sequence[tuple[str, int]] = ()) -> None:
         self.url = url
         self.timings = timings
-        # retries=0: redis-py retries three times with backoff by default, which turns a dead
-        # store into a stall on every call instead of one quick, logged failure.
-        self.client = redis_clients.async_client(url, retry=AsyncRetry(NoBackoff(), 0), **client_options())
-        pack_with_hiredis(self.client.connection_pool)
+        self.clustered = bool(cluster_nodes)
+        if cluster_nodes:
+            # One retry, no back-off: a connection error re-reads the slot map (a failover) and
+            # tries once more on the master named there, then fails fast like a single Redis.
+            self.client = cluster_client(
+                cluster_nodes,
+                timeout=TIMEOUT_SECONDS,
+                retry=AsyncRetry(NoBackoff(), 1),
+                **redis_clients.cluster_options(url),
+            )
+        else:
+            # retries=0: redis-py retries three times with backoff by default, which turns a dead
+            # store into a stall on every call instead of one quick, logged failure.
+            self.client = redis_clients.async_client(url, retry=AsyncRetry(NoBackoff(), 0), **client_options())
+            pack_with_hiredis(self.client.connection_pool)
         self._admit = self.client.register_script(ADMIT)
         self._release = self.client.register_script(RELEASE)
         self._grace_check = self.client.register_script(GRACE_CHECK)
         self._refresh = self.client.register_script(REFRESH)
+        self._due = self.client.register_script(DUE)
         self._reap = self.client.register_script(REAP)
         self._channel_seen = self.client.register_script(CHANNEL_SEEN)
         self._channel_unseen = self.client.register_script(CHANNEL_UNSEEN)
@@ -207,7 +231,7 @@ class PresenceStore:
             return [await _outcome(script(keys=keys, args=args))]
         pipe = self.client.pipeline(transaction=False)
         for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            queue_script(pipe, script.sha, keys, args)
         replies = await pipe.execute(raise_on_error=False)
         for index, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
@@ -221,9 +245,10 @@ class PresenceStore:
         started = time.perf_counter()
         try:
             return await work()
-        except (TimeoutError, redis.RedisError, OSError, RuntimeError) as error:
+        except (TimeoutError, redis.RedisError, RedisClusterException, OSError, RuntimeError) as error:
             # RuntimeError: under uvloop, a write on a connection that a reset has just closed
             # (before redis-py noticed) raises it instead of a ConnectionError. The same failure.
+            # RedisClusterException: a cluster whose slot has no master yet (a failover).
             record_failure(op, error)
             return None
         finally:
@@ -248,24 +273,24 @@ class PresenceStore:
         user is added to each channel's online set, whose members (those in `watch`) are the
         snapshot: one read per channel, not one per co-member. Of a `large` channel the read is
         a count (the snapshot's occupancy), whatever the channel's size. A refused connection's
-        user is online elsewhere already, so the additions stand either way. A `hidden`
-        (invisible) user is in no online set: they are neither counted nor listed to others.
+        user is online elsewhere already, so the additions stand either way.
         """
         t = self.timings
         keys = [
             connections_key(environment_id, user_id),
             presence_key(environment_id, user_id),
             marker_key(environment_id, user_id),
-            DEADLINES,
+            user_deadlines_key(environment_id, user_id),
             channels_key(environment_id, user_id),
-            EPOCH,
+            user_epoch_key(environment_id, user_id),
             *user_stream_keys(environment_id, user_id),
         ]
         name = member(environment_id, user_id)
         channels = list(channels)
         args = [connection_id, t.ttl, t.grace, t.max_connections, name, environment_id, fresh_epoch()]
         args.append(",".join(channels))
-        args += [len(publish), "1" if hidden else "0", *(part for pair in publish for part in pair)]
+        args += [len(publish), *(part for pair in publish for part in pair), "1" if hidden else "0"]
+        # An invisible user is in no online set: neither counted nor listed to others.
         counted = [] if hidden else [user_id]
 
         def work() -> Awaitable[list]:
@@ -300,7 +325,11 @@ class PresenceStore:
 
         Returns the epoch Redis was in (for the grace check), or None when it did not answer.
         """
-        keys = [connections_key(environment_id, user_id), presence_key(environment_id, user_id), EPOCH]
+        keys = [
+            connections_key(environment_id, user_id),
+            presence_key(environment_id, user_id),
+            user_epoch_key(environment_id, user_id),
+        ]
         args = [connection_id, self.timings.grace, "1" if last_local else "0", fresh_epoch()]
         reply = await self.call("release", lambda: self._script(self._release, keys, args))
         return None if reply is None else as_text(reply)
@@ -327,9 +356,9 @@ class PresenceStore:
         keys = [
             presence_key(environment_id, user_id),
             marker_key(environment_id, user_id),
-            DEADLINES,
+            user_deadlines_key(environment_id, user_id),
             channels_key(environment_id, user_id),
-            EPOCH,
+            user_epoch_key(environment_id, user_id),
             *user_stream_keys(environment_id, user_id),
         ]
         args = [self.timings.marker_ttl, member(environment_id, user_id), epoch or "", fresh_epoch()]
@@ -350,20 +379,43 @@ class PresenceStore:
     ) -> tuple[list[tuple[str, bool]], list[str]] | None:
         """Refresh every held (`{env}:{user}`, channel ids to write or None, connection ids).
 
-        Returns the re-elected users (with whether an `offline` marker stood) and the users whose
-        channels Redis no longer has; None when Redis did not answer.
+        One REFRESH per bucket, pipelined (one round trip per master on a cluster). Returns the
+        re-elected users (with whether an `offline` marker stood) and the users whose channels
+        Redis no longer has (those of a bucket whose script failed among them, so they are sent
+        again); None when Redis answered for no bucket.
         """
-        args: list = [self.timings.ttl, self.timings.grace, fresh_epoch(), self.timings.epoch_ttl]
+        t = self.timings
+        by_bucket: dict[int, tuple[list, list, list[str]]] = {}
         for name, channels, connection_ids in held:
+            bucket = member_bucket(name)
+            keys, args, names = by_bucket.setdefault(
+                bucket, ([deadlines_key(bucket), epoch_key(bucket)], [t.ttl, t.grace, fresh_epoch(), t.epoch_ttl], [])
+            )
+            environment_id, user_id = split_member(name)
+            keys += [
+                presence_key(environment_id, user_id),
+                marker_key(environment_id, user_id),
+                connections_key(environment_id, user_id),
+                channels_key(environment_id, user_id),
+            ]
             args += [name, "" if channels is None else "=" + ",".join(channels), len(connection_ids), *connection_ids]
-        reply = await self.call("refresh", lambda: self._refresh(keys=[DEADLINES, EPOCH], args=args))
-        if reply is None:
+            names.append(name)
+        if not by_bucket:
+            return [], []
+        calls = [(self._refresh, keys, args) for keys, args, _ in by_bucket.values()]
+        replies = await self.call("refresh", lambda: self._send_scripts(calls))
+        if replies is None or not self._answered_any("refresh", replies):
             return None
-        vanished, unwritten = reply
-        return (
-            [(as_text(vanished[i]), bool(vanished[i + 1])) for i in range(0, len(vanished), 2)],
-            [as_text(name) for name in unwritten],
-        )
+        vanished: list[tuple[str, bool]] = []
+        unwritten: list[str] = []
+        for (_, _, names), reply in zip(by_bucket.values(), replies, strict=True):
+            if isinstance(reply, Exception):
+                unwritten += names
+                continue
+            gone, missing = reply
+            vanished += [(as_text(gone[i]), bool(gone[i + 1])) for i in range(0, len(gone), 2)]
+            unwritten += [as_text(name) for name in missing]
+        return vanished, unwritten
 
     async def write_event(self, environment_id: str, user_id: str, state: str, channels: Iterable[str]) -> None:
         """Write a transition decided outside the scripts (a refresh's re-election) to the user's
@@ -374,36 +426,78 @@ class PresenceStore:
             await self.call("webhook_event", lambda: self.client.xadd(keys[0], fields))
 
     async def reap(self, publish_prefix: str | None = None) -> Reaped | None:
-        """Take up to REAP_BATCH due deadlines of users nobody refreshes, and decide each.
+        """Take up to REAP_BATCH due deadlines of each bucket, of users nobody refreshes, and decide each.
 
-        With `publish_prefix` (the Redis channel prefix of the presence groups, on this Redis),
-        each winner's `offline` is PUBLISHed inside the script; without it the caller publishes.
+        One DUE per bucket (pipelined), then one REAP per bucket that has any, pipelined in round
+        trips of about REAP_BATCH users (one round trip holds Redis no longer than one script of a
+        batch would: a reply that came too late would leave decisions unlogged). With
+        `publish_prefix` (the Redis channel prefix of the presence groups, on this Redis), each
+        winner's `offline` is PUBLISHed inside the script; without it the caller publishes.
+        A bucket whose script failed is left to the next pass; None when no bucket answered.
         """
         t = self.timings
+        due_calls = [
+            (self._due, [deadlines_key(bucket), epoch_key(bucket)], [fresh_epoch(), t.epoch_ttl, REAP_BATCH])
+            for bucket in range(BUCKETS)
+        ]
+        found = await self.call("reap", lambda: self._send_scripts(due_calls))
+        if found is None or not self._answered_any("reap", found):
+            return None
+        due = {bucket: [as_text(name) for name in names] for bucket, names in enumerate(found) if _is_list(names)}
         # A deadline of another epoch waits two refresh intervals, not one: a holder's first call
         # after Redis restarted can fail on a connection the restart closed (no retries here).
         wait = 2 * t.refresh
-        args = [t.marker_ttl, t.grace, REAP_BATCH, wait, fresh_epoch(), str(uuid.uuid4()), publish_prefix or ""]
-        streams, listening = reap_streams()
-        if streams:
-            args += [listening, t.ttl]
-
-        async def work() -> tuple[list, list]:
-            # Redis's time before the script: no decision is older, and an entry in an online set
-            # written after a decision scores at least decision + seen_for (`channels_gone`).
-            before = await self.client.time()
-            return before, await self._reap(keys=[DEADLINES, EPOCH, *streams], args=args)
-
-        answer = await self.call("reap", work)
-        if answer is None:
+        calls = []
+        for bucket, names in due.items():
+            if not names:
+                continue
+            streams, listening = bucket_stream_keys(bucket)
+            keys = [deadlines_key(bucket), epoch_key(bucket), *streams]
+            for name in names:
+                environment_id, user_id = split_member(name)
+                keys += [
+                    presence_key(environment_id, user_id),
+                    channels_key(environment_id, user_id),
+                    marker_key(environment_id, user_id),
+                ]
+            args = [t.marker_ttl, t.grace, wait, fresh_epoch(), str(uuid.uuid4()), publish_prefix or "", listening]
+            calls.append((self._reap, keys, [*args, t.ttl, *names]))
+        most = max((len(names) for names in due.values()), default=0)
+        if not calls:
+            return Reaped(due=most, decided=[])
+        # Redis's time before the scripts: no decision is older, and an entry in an online set
+        # written after a decision scores at least decision + seen_for (`channels_gone`).
+        clock = await self.call("reap", self.client.time)
+        if clock is None:
             return None
-        (seconds, micros), reply = answer
-        decided = [
-            (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
-            for i in range(1, len(reply), 3)
-        ]
-        hidden = frozenset(as_text(reply[i]) for i in range(1, len(reply), 3) if int(reply[i + 1]) == 2)
-        return Reaped(due=int(reply[0]), decided=decided, decided_ms=seconds * 1000 + micros // 1000, hidden=hidden)
+        decided_ms = clock[0] * 1000 + clock[1] // 1000
+        decided: list[tuple[str, bool, list[str]]] = []
+        hidden: set[str] = set()
+        for chunk in _chunks(calls):
+            replies = await self.call("reap", lambda chunk=chunk: self._send_scripts(chunk))
+            if replies is None or not self._answered_any("reap", replies):
+                # What was decided stands (and is the caller's to publish); the rest waits for the next pass.
+                return (
+                    Reaped(due=0, decided=decided, decided_ms=decided_ms, hidden=frozenset(hidden)) if decided else None
+                )
+            answered = [reply for reply in replies if _is_list(reply)]
+            decided += [
+                (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
+                for reply in answered
+                for i in range(0, len(reply), 3)
+            ]
+            hidden.update(
+                as_text(reply[i]) for reply in answered for i in range(0, len(reply), 3) if int(reply[i + 1]) == 2
+            )
+        return Reaped(due=most, decided=decided, decided_ms=decided_ms, hidden=frozenset(hidden))
+
+    @staticmethod
+    def _answered_any(op: str, replies: list) -> bool:
+        """Log the first failed script of a pipeline; False when every one failed."""
+        failed = [reply for reply in replies if isinstance(reply, Exception)]
+        if failed:
+            record_failure(op, failed[0])
+        return len(failed) < len(replies)
 
     async def channels_seen(self, seen: dict[str, list[str]], for_ms: int, op: str = "channels_seen") -> None:
         """Mark each channel's users online for `for_ms` from now (GT: never shortening), one script per channel."""
@@ -470,24 +564,32 @@ class PresenceStore:
         """
         if not user_ids:
             return []
-        keys = [presence_key(environment_id, user_id) for user_id in user_ids]
-        names = [member(environment_id, user_id) for user_id in user_ids]
+        by_bucket: dict[int, list[str]] = {}
+        for user_id in user_ids:
+            by_bucket.setdefault(user_bucket(environment_id, user_id), []).append(user_id)
 
         async def work() -> list:
+            # An MGET and a ZMSCORE per bucket: each reads one slot.
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.mget(keys)
-                pipe.zmscore(DEADLINES, names)
+                for bucket, users in by_bucket.items():
+                    # As a command: a cluster's pipeline refuses its `mget` method, though an MGET
+                    # of one slot's keys routes like any keyed command.
+                    pipe.execute_command("MGET", *(presence_key(environment_id, user_id) for user_id in users))
+                    pipe.zmscore(deadlines_key(bucket), [member(environment_id, user_id) for user_id in users])
                 return await pipe.execute()
 
         replies = await self.call("snapshot", work)
         if replies is None:
             return None
-        values, deadlines = replies
-        return [
-            user_id
-            for user_id, value, deadline in zip(user_ids, values, deadlines, strict=True)
-            if value is not None or deadline is not None
-        ]
+        online = set()
+        for index, users in enumerate(by_bucket.values()):
+            values, deadlines = replies[2 * index], replies[2 * index + 1]
+            online.update(
+                user_id
+                for user_id, value, deadline in zip(users, values, deadlines, strict=True)
+                if value is not None or deadline is not None
+            )
+        return [user_id for user_id in user_ids if user_id in online]
 
     async def forget_connections(self, held: Sequence[tuple[tuple[str, str], Sequence[str]]]) -> None:
         """Free the slots of connections an instance drops as it shuts down, in one round trip."""
@@ -514,6 +616,25 @@ async def _outcome(call: Awaitable[T]) -> T | Exception:
         return await call
     except Exception as error:
         return error
+
+
+def _chunks(calls: list[tuple[AsyncScript, list, list]]) -> list[list[tuple[AsyncScript, list, list]]]:
+    """REAP calls in round trips of about REAP_BATCH users each: one holds Redis as long as one
+    script of a batch would (a REAP call's ARGV ends with its users, after 8 settings)."""
+    chunks: list[list[tuple[AsyncScript, list, list]]] = []
+    size = REAP_BATCH
+    for call in calls:
+        users = len(call[2]) - 8
+        if size + users > REAP_BATCH:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(call)
+        size += users
+    return chunks
+
+
+def _is_list(reply: object) -> bool:
+    return isinstance(reply, list)
 
 
 def as_text(value: bytes | str) -> str:

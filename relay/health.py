@@ -32,7 +32,7 @@ class Alive(TypedDict):
 class Readiness(TypedDict):
     status: Literal["ok", "unavailable"]
     # database, redis (presence_redis when it is another one); on a Redis Cluster, database,
-    # redis_cluster and presence_redis: "ok" or the error's name.
+    # redis_cluster (and presence_redis when presence has a Redis of its own): "ok" or the error's name.
     checks: dict[str, str]
 
 
@@ -122,11 +122,13 @@ def readyz(request: HttpRequest) -> HttpResponse:
     except Exception as error:
         checks["database"] = type(error).__name__
     if settings.RELAY_REDIS_CLUSTER_NODES:
-        # The layer on the cluster (with RELAY_REDIS_URL's credentials), presence on its own Redis.
+        # The layer on the cluster (with RELAY_REDIS_URL's credentials), and presence too unless
+        # it has a Redis of its own.
         checks["redis_cluster"] = ping_cluster(
             settings.RELAY_REDIS_CLUSTER_NODES, **cluster_options(settings.RELAY_REDIS_URL)
         )
-        checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
+        if not settings.RELAY_PRESENCE_CLUSTER_NODES:
+            checks["presence_redis"] = ping(settings.RELAY_PRESENCE_REDIS_URL)
     else:
         checks["redis"] = ping(settings.RELAY_REDIS_URL)
         if settings.RELAY_PRESENCE_REDIS_URL != settings.RELAY_REDIS_URL:

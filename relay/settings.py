@@ -144,20 +144,17 @@ RELAY_REDIS_SENTINELS = env_hosts("RELAY_REDIS_SENTINELS")
 RELAY_REDIS_SENTINEL_MASTER = env_name("RELAY_REDIS_SENTINEL_MASTER", "mymaster")
 
 # Redis Cluster: when set, the channel layer runs on the cluster these nodes belong to (sharded
-# pub/sub, Redis 7 or later). Presence does not run on a cluster yet: it needs a single Redis of
-# its own, named by RELAY_PRESENCE_REDIS_URL. Of RELAY_REDIS_URL only the user, the password and
-# TLS (rediss://) are used then, for the cluster's nodes.
+# pub/sub, Redis 7 or later), and so does presence unless RELAY_PRESENCE_REDIS_URL names a single
+# Redis for it. Of RELAY_REDIS_URL only the user, the password and TLS (rediss://) are used then,
+# for the cluster's nodes.
 RELAY_REDIS_CLUSTER_NODES = env_hosts("RELAY_REDIS_CLUSTER_NODES")
 if RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS:
     raise ImproperlyConfigured(
         "RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS are both set: a Redis Cluster fails over by "
         "itself, without sentinels; set one of them"
     )
-if RELAY_REDIS_CLUSTER_NODES and not env_str("RELAY_PRESENCE_REDIS_URL"):
-    raise ImproperlyConfigured(
-        "RELAY_REDIS_CLUSTER_NODES needs RELAY_PRESENCE_REDIS_URL: presence does not run on a Redis Cluster "
-        "yet, so it needs a single Redis of its own (redis://host:port/db)"
-    )
+# The cluster presence runs on: empty when it runs on the single Redis at RELAY_PRESENCE_REDIS_URL.
+RELAY_PRESENCE_CLUSTER_NODES = [] if env_str("RELAY_PRESENCE_REDIS_URL") else RELAY_REDIS_CLUSTER_NODES
 
 
 def channel_layers_for(url: str, cluster_nodes: list[tuple[str, int]] | None = None) -> dict:

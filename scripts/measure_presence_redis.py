@@ -50,6 +50,8 @@ async def main() -> None:
         epoch = await store.release(env, "warm", "c", last_local=True)
         await store.elect(env, "warm", "c")
         await store.grace_check(env, "warm", epoch)
+        await store.refresh([(f"{env}:warm", None, ["c"])])
+        await store.reap()
         # One connect that wins the election, one last close and its grace check: a user's life.
         client.config_resetstat()
         first, second = counters(client), counters(client)
@@ -73,16 +75,29 @@ async def main() -> None:
         # Memory per online user, each in CHANNELS channels.
         client.flushall()
         base = client.info("memory")["used_memory"]
-        await asyncio.gather(*(store.elect(env, f"user-{i}", f"conn-{i}", channels=channels) for i in range(USERS)))
+        # A few hundred connects at a time, as they reach an instance: one gather of all of them
+        # would queue past the store's fail-fast timeout on a busy machine.
+        for start in range(0, USERS, 500):
+            users = range(start, min(start + 500, USERS))
+            await asyncio.gather(*(store.elect(env, f"user-{i}", f"conn-{i}", channels=channels) for i in users))
         used = client.info("memory")["used_memory"] - base
-        keys = [presence_key(env, "user-1"), connections_key(env, "user-1"), channels_key(env, "user-1")]
-        per_key = {key.split(":")[1] if key.count(":") > 2 else "presence": client.memory_usage(key) for key in keys}
+        keys = {
+            "presence": presence_key(env, "user-1"),
+            "conns": connections_key(env, "user-1"),
+            "channels": channels_key(env, "user-1"),
+        }
+        per_key = {kind: client.memory_usage(key) for kind, key in keys.items()}
         print(f"memory per online user in {CHANNELS} channels: {used // USERS} bytes (used_memory); keys {per_key}")
-        # The refresh of all of them, one script per instance per interval.
+        # The refresh of all of them, one script per bucket per instance per interval.
         start = counters(client)
         await store.refresh([(f"{env}:user-{i}", None, [f"conn-{i}"]) for i in range(USERS)])
         end = counters(client)
         print(f"refresh of {USERS} users: commands {end[0] - start[0] - 1}, bytes in {end[1] - start[1]}")
+        # A reaper pass with nothing due, as every instance runs one per interval.
+        start = counters(client)
+        await store.reap()
+        end = counters(client)
+        print(f"reaper pass, nothing due: commands {end[0] - start[0] - 1}, bytes in {end[1] - start[1]}")
         await store.close()
         client.close()
 

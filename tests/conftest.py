@@ -35,6 +35,7 @@ from tests.support import (
     database_url,
     instance_env,
     new_instance,
+    on_cluster,
     published,
     until,
 )
@@ -83,6 +84,16 @@ def redis_cluster() -> Iterator[EmbeddedRedisCluster]:
     cluster = EmbeddedRedisCluster().start()
     yield cluster
     cluster.close()
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
+def fabric(request: pytest.FixtureRequest) -> Callable[..., dict]:
+    """Instance settings (keyword arguments: more of them) for one Redis: a test taking it runs twice,
+    on the suite's single Redis and with the layer and presence on the local cluster."""
+    if request.param == "single":
+        return lambda **extra: extra
+    cluster = request.getfixturevalue("redis_cluster")
+    return lambda **extra: on_cluster(cluster, **extra)
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,7 @@ from channels.testing import WebsocketCommunicator
 from websockets.asyncio.client import ClientConnection
 
 from devtools.embedded_redis import free_port
+from devtools.redis_cluster import EmbeddedRedisCluster
 from relay.asgi import application
 from relay.logging import event_fields
 from relay.models import Channel, Environment, Membership, User
@@ -266,6 +267,12 @@ def instance_env(database: str, redis_url: str, **overrides: str) -> dict[str, s
     )
     env.update(overrides)
     return env
+
+
+def on_cluster(cluster: EmbeddedRedisCluster, **extra: str) -> dict[str, str]:
+    """Instance settings with the layer and presence on `cluster`, emptied first."""
+    cluster.flush()
+    return {"RELAY_REDIS_CLUSTER_NODES": cluster.nodes_setting, **extra}
 
 
 def new_instance(

@@ -1,8 +1,9 @@
 """Two real instances whose channel layer runs on a local Redis Cluster (RELAY_REDIS_CLUSTER_NODES).
 
-Presence stays on a single Redis (RELAY_PRESENCE_REDIS_URL, the suite's embedded one): it does
-not run on a cluster yet. Everything that crosses instances (messages, presence transitions,
-membership notices) goes over the cluster's sharded pub/sub.
+Presence is on a single Redis of its own here (RELAY_PRESENCE_REDIS_URL, the suite's embedded
+one), as a deployment may keep it; tests/test_cluster_presence_live.py runs presence on the
+cluster. Everything that crosses instances (messages, presence transitions, membership notices)
+goes over the cluster's sharded pub/sub.
 """
 
 import asyncio

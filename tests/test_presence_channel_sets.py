@@ -5,7 +5,7 @@ import uuid
 import pytest
 
 from presence.keys import channel_tag
-from presence.scripts import EPOCH, channel_online_key
+from presence.scripts import channel_online_key, user_epoch_key
 from presence.store import PresenceStore, Timings, presence_key
 
 ACME = str(uuid.uuid4())
@@ -61,17 +61,18 @@ async def test_a_close_pins_the_entry_to_the_grace_and_a_shorter_write_never_sho
 
 
 async def test_the_epoch_gets_a_ttl_from_the_first_election_and_every_refresh_renews_it(store, redis_client):
+    epoch = user_epoch_key(ACME, "tuan")
     await store.elect(ACME, "tuan", "c1")
-    assert 0 < redis_client.pttl(EPOCH) <= TIMINGS.ttl
+    assert 0 < redis_client.pttl(epoch) <= TIMINGS.ttl
     await store.refresh([(f"{ACME}:tuan", None, ["c1"])])
-    assert TIMINGS.ttl < redis_client.pttl(EPOCH) <= TIMINGS.epoch_ttl
+    assert TIMINGS.ttl < redis_client.pttl(epoch) <= TIMINGS.epoch_ttl
 
 
 async def decide_offline(store: PresenceStore, redis_client, user_id: str) -> int:
     """Close the user's one connection and let the grace run out; the grace check's decision time."""
     await store.release(ACME, user_id, f"{user_id}-1", last_local=True)
     redis_client.delete(presence_key(ACME, user_id))
-    outcome, _, decided_ms = await store.grace_check(ACME, user_id, redis_client.get(EPOCH))
+    outcome, _, decided_ms = await store.grace_check(ACME, user_id, redis_client.get(user_epoch_key(ACME, user_id)))
     assert outcome == 1
     return decided_ms
 

@@ -18,7 +18,7 @@ import redis
 from chaos.deploy import Proxy
 from devtools.embedded_redis import EmbeddedRedis
 from presence.actions import VANISHED
-from presence.scripts import EPOCH, GRACE_CHECK, channels_key, marker_key, presence_key
+from presence.scripts import GRACE_CHECK, channels_key, marker_key, presence_key, user_epoch_key
 from tests.support import GRACE, REFRESH, TTL, barrier, close_all, connect, heard, logged, states, timings, until
 
 pytestmark = pytest.mark.live
@@ -105,7 +105,8 @@ async def test_an_old_dump_restored_flaps_no_connected_user(live_instances, acme
     saved = presence_redis.directory / "dump.rdb"
     old_dump = saved.with_name("old.rdb")
     shutil.copy(saved, old_dump)
-    old_epoch = store.get(EPOCH)
+    epoch = user_epoch_key(environment, "tuan")
+    old_epoch = store.get(epoch)
     # Long enough for every deadline in the dump to be due when it comes back.
     await asyncio.sleep((TTL + GRACE + 2 * REFRESH) / 1000)
     # tuan's instance holds still while Redis goes back in time, so a reaper gets the first look
@@ -123,7 +124,7 @@ async def test_an_old_dump_restored_flaps_no_connected_user(live_instances, acme
     await logged(b, "presence.suppressed", user="tuan", reason=VANISHED)
     probe = await barrier(a, acme, [linh])
     assert states(linh, "tuan") == ["online"]
-    assert store.get(EPOCH) != old_epoch
+    assert store.get(epoch) != old_epoch
     store.close()
     await close_all(linh, tuan, probe)
 

@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from devtools.embedded_redis import EmbeddedRedis, free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
-from presence.scripts import DEADLINES, connections_key, marker_key, presence_key
+from presence.scripts import connections_key, marker_key, presence_key, user_deadlines_key, user_epoch_key
 from tests.support import (
     CHECK,
     GRACE,
@@ -395,7 +395,9 @@ async def test_keys_deleted_under_a_live_user_are_re_elected_without_a_departure
     tuan = await closing(connect(b, acme, "tuan"))
     await heard(linh, "tuan", 1)
     environment = str(acme.environment.id)
-    redis_client.delete(presence_key(environment, "tuan"), connections_key(environment, "tuan"), DEADLINES)
+    redis_client.delete(
+        presence_key(environment, "tuan"), connections_key(environment, "tuan"), user_deadlines_key(environment, "tuan")
+    )
     await logged(b, "presence.suppressed", user="tuan", reason="key vanished under a live connection; re-electing")
     assert redis_client.exists(presence_key(environment, "tuan"))
     assert redis_client.zcard(connections_key(environment, "tuan")) == 1
@@ -603,3 +605,16 @@ async def test_http_presence_answers_from_any_instance(live_instances, acme, glo
     status, body = http("GET", f"{a.http_url}/v1/channels/{fleet.id}/presence", api_key=globex.api_key)
     assert (status, body["error"]["code"]) == (404, "channel_not_found")
     await close_all(tuan)
+
+
+async def test_a_first_connection_closed_before_any_refresh_is_decided_at_its_grace(
+    live_instances, acme, redis_client, closing
+):
+    # Nobody else connected: no refresh renews the epoch that the first connect gave a TTL.
+    (a,) = live_instances(1, **timings())
+    redis_client.delete(user_epoch_key(str(acme.environment.id), "tuan"))
+    tuan = await connect(a, acme, "tuan")
+    await tuan.close()
+    await logged(a, "presence.published", user="tuan", state="offline", timeout=CHECK / 1000 + WAIT)
+    # Decided at the grace: the epoch outlived the check, which did not take it for lost data.
+    assert lines([a], "presence.suppressed", user="tuan", reason=actions.EPOCH_CHANGED) == []

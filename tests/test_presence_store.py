@@ -12,7 +12,19 @@ import pytest
 from presence import fabric
 from presence.announce import announce
 from presence.fabric import Dedup, Transition, parse_transition, subject_of, transition_message
-from presence.scripts import DEADLINES, EPOCH, connections_key, marker_key, member, presence_key, split_member
+from presence.keys import BUCKETS, user_bucket
+from presence.scripts import (
+    channels_key,
+    connections_key,
+    deadlines_key,
+    epoch_key,
+    marker_key,
+    member,
+    presence_key,
+    split_member,
+    user_deadlines_key,
+    user_epoch_key,
+)
 from presence.store import PresenceStore, Timings
 from tests.support import events
 
@@ -29,7 +41,7 @@ async def admit(store: PresenceStore, environment_id: str, user_id: str, connect
 
 async def check(store: PresenceStore, environment_id: str, user_id: str, publish=()) -> int | None:
     """One grace check in the epoch Redis is in now (as a close just before it saw); its outcome."""
-    epoch = await store.client.get(EPOCH)
+    epoch = await store.client.get(user_epoch_key(environment_id, user_id))
     reply = await store.grace_check(environment_id, user_id, epoch and epoch.decode(), publish)
     return None if reply is None else reply[0]
 
@@ -53,7 +65,7 @@ async def test_the_marker_outlives_every_deadline_a_close_leaves_behind(stores, 
     # The newest deadline a close can leave: one written at the close itself (as the election
     # and each refresh write it).
     await admit(one, ACME, "linh", "c1")
-    deadline = redis_client.zscore(DEADLINES, member(ACME, "linh"))
+    deadline = redis_client.zscore(user_deadlines_key(ACME, "linh"), member(ACME, "linh"))
     await one.release(ACME, "linh", "c1", last_local=True)
     redis_client.delete(presence_key(ACME, "linh"))  # the grace has passed
     # Checked at once, earlier than any real grace check (grace + margin after the close), so
@@ -194,7 +206,7 @@ async def test_a_grace_check_asked_again_with_its_own_token_is_told_it_decided_a
     offline = [("fleet", b"linh offline")]
     await admit(one, ACME, "linh", "c1")
     redis_client.delete(presence_key(ACME, "linh"))
-    epoch = (await one.client.get(EPOCH)).decode()
+    epoch = (await one.client.get(user_epoch_key(ACME, "linh"))).decode()
     assert (await one.grace_check(ACME, "linh", epoch, offline, token="first"))[0] == 1
     assert await _heard(listener) == offline
     assert (await one.grace_check(ACME, "linh", epoch, offline, token="first"))[0] == 4
@@ -224,12 +236,13 @@ async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, re
     await admit(one, ACME, "tuan", "c2")
     # linh's instance died: the key is gone and the deadline is due. tuan is still held.
     redis_client.delete(presence_key(ACME, "linh"))
-    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0, member(ACME, "tuan"): 0})
+    for user_id in ("linh", "tuan"):
+        redis_client.zadd(user_deadlines_key(ACME, user_id), {member(ACME, user_id): 0})
     assert (await one.reap()).decided == [(member(ACME, "linh"), True, [])]
     assert (await two.reap()).decided == []
-    assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
+    assert redis_client.zscore(user_deadlines_key(ACME, "linh"), member(ACME, "linh")) is None
     # tuan's key lives, so his deadline is pushed past it rather than taken.
-    assert redis_client.zscore(DEADLINES, member(ACME, "tuan")) > 0
+    assert redis_client.zscore(user_deadlines_key(ACME, "tuan"), member(ACME, "tuan")) > 0
 
 
 async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(stores, redis_client):
@@ -237,7 +250,7 @@ async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(store
     await admit(one, ACME, "linh", "c1")
     redis_client.delete(presence_key(ACME, "linh"))
     assert await check(one, ACME, "linh") == 1
-    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
+    redis_client.zadd(user_deadlines_key(ACME, "linh"), {member(ACME, "linh"): 0})
     assert (await two.reap()).decided == [(member(ACME, "linh"), False, [])]
 
 
@@ -250,17 +263,51 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
     assert (election.admitted, election.won, election.unretracted) == (True, False, True)
     assert redis_client.exists(presence_key(ACME, "linh"))
     # She is held again, so the reaper finds her key and leaves her deadline for later.
-    redis_client.zadd(DEADLINES, {member(ACME, "linh"): 0})
+    redis_client.zadd(user_deadlines_key(ACME, "linh"), {member(ACME, "linh"): 0})
     assert (await one.reap()).decided == []
     # Once her departure was said, the next first connection is a new `online` again.
     await two.release(ACME, "linh", "c2", last_local=True)
     redis_client.delete(presence_key(ACME, "linh"))
     assert await check(two, ACME, "linh") == 1
-    assert redis_client.zscore(DEADLINES, member(ACME, "linh")) is None
+    assert redis_client.zscore(user_deadlines_key(ACME, "linh"), member(ACME, "linh")) is None
     # ... even after the marker of that `offline` expired with no reaper pass in between.
     redis_client.delete(marker_key(ACME, "linh"))
     election = await one.elect(ACME, "linh", "c3")
     assert (election.won, election.unretracted) == (True, False)
+
+
+async def test_one_reaper_pass_decides_the_due_users_of_every_bucket_in_one_round_trip_each_way(stores, redis_client):
+    one, two = stores
+    users = [f"gone-{n}" for n in range(40)]
+    for user_id in users:
+        await admit(one, ACME, user_id, f"c-{user_id}")
+        redis_client.delete(presence_key(ACME, user_id))
+        redis_client.zadd(user_deadlines_key(ACME, user_id), {member(ACME, user_id): 0})
+    assert len({user_bucket(ACME, user_id) for user_id in users}) > 30
+    sizes = _count_pipelines(two)
+    reaped = await two.reap()
+    # Every bucket's DUE in one pipeline, then one REAP per bucket that had a due user.
+    assert sizes == [BUCKETS, len({user_bucket(ACME, user_id) for user_id in users})]
+    assert sorted(name for name, won, _ in reaped.decided if won) == sorted(member(ACME, u) for u in users)
+    assert (await one.reap()).decided == []
+
+
+async def test_the_reaper_leaves_a_deadline_renewed_after_its_due_read(stores, redis_client):
+    one, _ = stores
+    await admit(one, ACME, "linh", "c1")
+    redis_client.delete(presence_key(ACME, "linh"))
+    bucket = user_bucket(ACME, "linh")
+    # What DUE read is no longer due: a refresh (or a connect) renewed it since.
+    keys = [deadlines_key(bucket), epoch_key(bucket)]
+    keys += [presence_key(ACME, "linh"), channels_key(ACME, "linh"), marker_key(ACME, "linh")]
+    args = [TIMINGS.marker_ttl, TIMINGS.grace, 2 * TIMINGS.refresh, "fresh", str(uuid.uuid4()), "", "", TIMINGS.ttl]
+    assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == []
+    assert redis_client.zscore(deadlines_key(bucket), member(ACME, "linh")) > 0
+    assert not redis_client.exists(marker_key(ACME, "linh"))
+    # Due again: the same script decides it.
+    redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
+    assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == [member(ACME, "linh").encode(), 1, b""]
+    assert redis_client.exists(marker_key(ACME, "linh"))
 
 
 async def test_an_announcement_is_published_only_while_the_user_is_online(stores, redis_client):

@@ -122,27 +122,28 @@ def test_a_redis_url_that_is_not_one_stops_start_up():
     assert _start_up(RELAY_REDIS_URL="redis://127.0.0.1:1/0").returncode == 0
 
 
-def test_cluster_nodes_are_read_strictly_and_need_a_presence_redis_of_their_own():
+def test_cluster_nodes_are_read_strictly_and_carry_presence_unless_it_has_a_redis_of_its_own():
     presence = {"RELAY_PRESENCE_REDIS_URL": "redis://127.0.0.1:1/0"}
     for bad in ("127.0.0.1", "127.0.0.1:port", "127.0.0.1:70000", ":7000", "redis://127.0.0.1:7000"):
         failed = _start_up(RELAY_REDIS_CLUSTER_NODES=bad, **presence)
         assert failed.returncode != 0
         assert "RELAY_REDIS_CLUSTER_NODES must be comma-separated host:port pairs" in failed.stderr
     nodes = "127.0.0.1:7000, 10.0.0.2:7001"
-    failed = _start_up(RELAY_REDIS_CLUSTER_NODES=nodes)
-    assert "RELAY_REDIS_CLUSTER_NODES needs RELAY_PRESENCE_REDIS_URL" in failed.stderr
     failed = _start_up(RELAY_REDIS_CLUSTER_NODES=nodes, RELAY_REDIS_SENTINELS="127.0.0.1:26379", **presence)
     assert "RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS are both set" in failed.stderr
-    probe = subprocess.run(
-        [sys.executable, "-c", "from django.conf import settings; print(settings.CHANNEL_LAYERS['default'])"],
-        env={**DEPLOYED, "RELAY_REDIS_CLUSTER_NODES": nodes, **presence},
-        capture_output=True,
-        text=True,
-        cwd=settings.BASE_DIR,
-    )
-    assert probe.returncode == 0, probe.stderr
-    assert "relay.transport.cluster.RelayClusterChannelLayer" in probe.stdout
-    assert "[['127.0.0.1', 7000], ['10.0.0.2', 7001]]" in probe.stdout
+    shown = "print(settings.CHANNEL_LAYERS['default']); print('presence', settings.RELAY_PRESENCE_CLUSTER_NODES)"
+    for extra, on_cluster in (({}, "[('127.0.0.1', 7000), ('10.0.0.2', 7001)]"), (presence, "[]")):
+        probe = subprocess.run(
+            [sys.executable, "-c", f"from django.conf import settings; {shown}"],
+            env={**DEPLOYED, "RELAY_REDIS_CLUSTER_NODES": nodes, **extra},
+            capture_output=True,
+            text=True,
+            cwd=settings.BASE_DIR,
+        )
+        assert probe.returncode == 0, probe.stderr
+        assert "relay.transport.cluster.RelayClusterChannelLayer" in probe.stdout
+        assert "[['127.0.0.1', 7000], ['10.0.0.2', 7001]]" in probe.stdout
+        assert f"presence {on_cluster}" in probe.stdout
 
 
 def test_sqlite_runs_in_wal_mode_with_immediate_transactions(tmp_path):

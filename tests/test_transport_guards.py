@@ -291,3 +291,12 @@ async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_so
     check, *arguments = checks[0]
     check(*arguments)
     assert protocol.transport.calls == ["pause", "resume"]
+
+
+def test_a_cluster_pipeline_still_refuses_its_evalsha_method_and_routes_the_command_by_its_keys():
+    # relay.transport.cluster.queue_script works around the refusal (redis/redis-py#2914); once
+    # redis-py allows it (redis/redis-py#4206), pipe.evalsha can replace it.
+    assert "EVALSHA" in redis.cluster.PIPELINE_BLOCKED_COMMANDS, "redis-py allows EVALSHA in a cluster pipeline now"
+    assert "MGET" in redis.cluster.PIPELINE_BLOCKED_COMMANDS, "redis-py allows MGET in a cluster pipeline now"
+    source = inspect.getsource(redis.asyncio.cluster.RedisCluster._determine_slot)
+    assert '("EVAL", "EVALSHA")' in source and "keys = args[2 : 2 + int(args[1])]" in source

@@ -6,7 +6,6 @@ The live half (real instances, a real receiver) is tests/test_webhooks_live.py.
 import json
 import socket
 import time
-import zlib
 from datetime import datetime, timedelta
 
 import pytest
@@ -19,7 +18,6 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from agents import actions as agent_actions
 from agents.models import Registration
 from chat.actions import send_message
-from presence.keys import BUCKETS, user_bucket
 from presence.models import UserStatus
 from presence.queries import mark_last_seen
 from presence.status import claim_expired, write_status
@@ -29,7 +27,6 @@ from webhooks import events
 from webhooks.addresses import PublicResolver, RefusedAddress, RefusedUrl, check_url
 from webhooks.models import Delivery, Endpoint
 from webhooks.signing import signed_headers
-from webhooks.stream import LUA_BUCKET
 
 pytestmark = pytest.mark.django_db
 
@@ -269,14 +266,6 @@ def test_the_signature_verifies_with_standardwebhooks_and_fails_when_tampered():
         Webhook(secret).verify(body.replace("linh", "tuan"), headers)
     with pytest.raises(WebhookVerificationError):
         Webhook(Endpoint().secret).verify(body, headers)
-
-
-def test_the_scripts_bucket_is_presence_keys_bucket(redis_client):
-    names = [f"{env}:{user}" for env in ("2f0c5e0e-9d5c-4a57-9d86-3b0f1f4d2a11", "x") for user in ("linh", "ü-é", "")]
-    script = redis_client.register_script(LUA_BUCKET + "return webhook_bucket(ARGV[1], tonumber(ARGV[2]))")
-    for name in names:
-        env, _, user = name.partition(":")
-        assert script(args=[name, BUCKETS]) == user_bucket(env, user) == zlib.crc32(name.encode()) % BUCKETS
 
 
 # ── admin ────────────────────────────────────────────────────────────────────

@@ -39,8 +39,8 @@ def verified(secret: str, requests) -> list[dict]:
     return [Webhook(secret).verify(r.body, r.headers) for r in requests]
 
 
-async def test_two_instances_send_one_event_per_transition_signed(live_instances, acme, receiver):
-    gw0, gw1 = live_instances(2, **timings(**FAST))
+async def test_two_instances_send_one_event_per_transition_signed(live_instances, acme, receiver, fabric):
+    gw0, gw1 = live_instances(2, **fabric(**timings(**FAST)))
     secret = subscribe(gw0, acme, receiver.url)["secret"]
     await listening([gw0, gw1])
     fleet = str(acme.channels["fleet"].id)

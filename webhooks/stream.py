@@ -15,6 +15,12 @@ what that guarantees).
 
 Presence writes a stream entry only for environments that have an endpoint: which ones, every
 instance reads from the database every second (`known`), never on presence's path.
+
+On a Redis Cluster (presence there: RELAY_PRESENCE_CLUSTER_NODES) the streams live on every master
+(each bucket's on the master of its slot), and one XREADGROUP may name streams of one slot only:
+the consumer reads each stream with a script of its own (READ, no key named outside KEYS, so the
+client routes it without asking the server for its keys), all pipelined, every POLL_SECONDS
+while nothing arrives instead of blocking.
 """
 
 import asyncio
@@ -33,6 +39,7 @@ from redis.backoff import NoBackoff
 from presence.keys import BUCKETS, bucket_tag, channel_tag, user_bucket
 from relay import redis_clients
 from relay.logging import Event, log_event
+from relay.transport.cluster import cluster_client, queue_script
 from webhooks import events, metrics
 
 logger = logging.getLogger("webhooks")
@@ -47,6 +54,8 @@ BLOCK_MS = 1000
 CLAIM_EVERY_MIN_S = 0.5
 CLAIM_EVERY_MAX_S = 15.0
 REFRESH_ENVIRONMENTS_S = 1.0
+# On a cluster: how long the consumer waits after a read that found nothing in any stream.
+POLL_SECONDS = 0.5
 
 
 def stream_key(bucket: int) -> str:
@@ -84,35 +93,13 @@ def user_stream_keys(environment_id: str, user_id: str) -> list[str]:
     return [stream_key(user_bucket(environment_id, user_id))]
 
 
-def reap_streams() -> tuple[list[str], str]:
-    """Every bucket's stream and the listening environments (comma-separated), or ([], "")."""
+def bucket_stream_keys(bucket: int) -> tuple[list[str], str]:
+    """The stream of one bucket as a one-key list and the listening environments (comma-separated),
+    for the reaper's script of that bucket; ([], "") when nobody listens."""
     if not known.ids:
         return [], ""
-    return STREAMS, ",".join(sorted(known.ids))
+    return [stream_key(bucket)], ",".join(sorted(known.ids))
 
-
-# The bucket of a `{env}:{user}` member inside a script spanning users (REAP): zlib's CRC-32,
-# as presence.keys.user_bucket computes it, so the entry lands in the user's own stream.
-LUA_BUCKET = """
-local function webhook_bucket(name, buckets)
-  local crc = 0xFFFFFFFF
-  for i = 1, #name do
-    crc = bit.bxor(crc, string.byte(name, i))
-    for _ = 1, 8 do
-      if bit.band(crc, 1) == 1 then
-        crc = bit.bxor(bit.rshift(crc, 1), 0xEDB88320)
-      else
-        crc = bit.rshift(crc, 1)
-      end
-    end
-  end
-  crc = bit.bxor(crc, 0xFFFFFFFF)
-  if crc < 0 then
-    crc = crc + 4294967296
-  end
-  return crc % buckets
-end
-"""
 
 # KEYS: the channel's occupancy hash. ARGV: user id, "1" online / "0" offline, the entry's
 # ms and sequence (its order among the user's transitions: same user, same stream). Returns 1
@@ -155,6 +142,14 @@ return decided
 """
 
 
+# KEYS: one stream. ARGV: group, consumer, count. The new entries of one stream for this consumer
+# (XREADGROUP without BLOCK, which a script may run), as XREADGROUP answers: {{key, {{id, {field,
+# value, ...}}, ...}}}, or false when there are none.
+READ = """
+return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], '>')
+"""
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -172,18 +167,36 @@ class Consumer:
         self.write_rows = write_rows
         self.name = consumer_name()
         # Its own connection: XREADGROUP blocks it, which presence's fail-fast client must never.
-        self.client = redis_clients.async_client(
-            settings.RELAY_PRESENCE_REDIS_URL,
-            retry=AsyncRetry(NoBackoff(), 0),
-            socket_connect_timeout=1.0,
-            socket_timeout=BLOCK_MS / 1000 + 5,
-            health_check_interval=0,
-        )
+        self.clustered = bool(settings.RELAY_PRESENCE_CLUSTER_NODES)
+        if self.clustered:
+            self.client = cluster_client(
+                settings.RELAY_PRESENCE_CLUSTER_NODES,
+                timeout=BLOCK_MS / 1000 + 5,
+                retry=AsyncRetry(NoBackoff(), 1),
+                **redis_clients.cluster_options(settings.RELAY_PRESENCE_REDIS_URL),
+            )
+        else:
+            self.client = redis_clients.async_client(
+                settings.RELAY_PRESENCE_REDIS_URL,
+                retry=AsyncRetry(NoBackoff(), 0),
+                socket_connect_timeout=1.0,
+                socket_timeout=BLOCK_MS / 1000 + 5,
+                health_check_interval=0,
+            )
         self._occupancy = self.client.register_script(OCCUPANCY)
+        self._read = self.client.register_script(READ)
         self._grouped = False
 
     async def ensure_groups(self) -> None:
-        """Create the group on every stream (MKSTREAM); a group that exists is left as it is."""
+        """Create the group on every stream (MKSTREAM); a group that exists is left as it is.
+
+        On a cluster, also load the consumer's scripts on every master: a cluster's pipeline does not
+        load them first as a single Redis's does, and a promoted replica has none (a failure of
+        the consumer comes back here).
+        """
+        if self.clustered:
+            for script in (self._read, self._occupancy):
+                await self.client.script_load(script.script)
         pipe = self.client.pipeline(transaction=False)
         for key in STREAMS:
             pipe.xgroup_create(key, GROUP, id="0", mkstream=True)
@@ -197,9 +210,12 @@ class Consumer:
         if not self._grouped:
             await self.ensure_groups()
         try:
-            reply = await self.client.xreadgroup(
-                GROUP, self.name, {key: ">" for key in STREAMS}, count=READ_COUNT, block=BLOCK_MS
-            )
+            if self.clustered:
+                reply = await self._read_each()
+            else:
+                reply = await self.client.xreadgroup(
+                    GROUP, self.name, {key: ">" for key in STREAMS}, count=READ_COUNT, block=BLOCK_MS
+                )
         except redis.ResponseError as error:
             if "NOGROUP" in str(error):
                 # Redis lost its data (a restart): the groups go with the streams.
@@ -209,6 +225,24 @@ class Consumer:
         entries = [(_text(key), _text(entry_id), fields) for key, items in reply or [] for entry_id, fields in items]
         await self.handle(entries)
         return len(entries)
+
+    async def _read_each(self) -> list:
+        """One READ per stream, pipelined; the streams that had entries, as XREADGROUP answers.
+
+        Waits POLL_SECONDS when none had any (the cluster's stand-in for BLOCK).
+        """
+        pipe = self.client.pipeline(transaction=False)
+        for key in STREAMS:
+            queue_script(pipe, self._read.sha, [key], [GROUP, self.name, READ_COUNT])
+        found = []
+        for reply in await pipe.execute():
+            for key, items in reply or []:
+                # A script's reply is raw: the fields come as a flat list.
+                entries = [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in items]
+                found.append((key, entries))
+        if not found:
+            await asyncio.sleep(POLL_SECONDS)
+        return found
 
     async def claim_once(self) -> int:
         """Take over entries another consumer read and left unacknowledged too long; handle them."""
@@ -251,8 +285,13 @@ class Consumer:
         if occupancy:
             pipe = self.client.pipeline(transaction=False)
             for _, channel_id, _, _, state, ms, seq, user_id in occupancy:
-                # Through the pipeline, redis-py loads the script first when Redis lost it.
-                await self._occupancy(keys=[occupancy_key(channel_id)], args=[user_id, state, ms, seq], client=pipe)
+                keys, args = [occupancy_key(channel_id)], [user_id, state, ms, seq]
+                if self.clustered:
+                    # Loaded on every master by ensure_groups; a NOSCRIPT brings the consumer back there.
+                    queue_script(pipe, self._occupancy.sha, keys, args)
+                else:
+                    # Through the pipeline, redis-py loads the script first when Redis lost it.
+                    await self._occupancy(keys=keys, args=args, client=pipe)
             decided = await pipe.execute()
             for (environment_id, channel_id, webhook_id, timestamp, state, _, _, _), made in zip(
                 occupancy, decided, strict=True

@@ -90,6 +90,19 @@ def cluster_client(nodes: Sequence[tuple[str, int]], timeout: float = PUBLISH_SE
     )
 
 
+def queue_script(pipe: Any, sha: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+    """Queue an EVALSHA of a loaded script on `pipe`, a single Redis's pipeline or a cluster's.
+
+    redis-py 6.4's `ClusterPipeline` refuses its own `evalsha` method (a blanket list,
+    `PIPELINE_BLOCKED_COMMANDS`: redis/redis-py#2914, lifted by redis/redis-py#4206 in a later
+    release), although it routes an EVALSHA by its KEYS like any keyed command. So the command
+    goes through `execute_command`, which the list does not cover; each script's keys are of one
+    slot, and the caller loads the script on every master first (or answers NOSCRIPT by loading it).
+    Guarded by tests/test_transport_guards.py.
+    """
+    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+
 class _Link:
     """One subscribing connection to one master, and the shard channels it confirmed."""
 

@@ -14,7 +14,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from channels.db import database_sync_to_async
 
-from presence.scripts import DEADLINES, channel_online_key, member
+from presence.keys import user_bucket
+from presence.scripts import channel_online_key, deadlines_key, member, presence_key
 from relay.models import Environment
 from tests.support import (
     WAIT,
@@ -226,10 +227,11 @@ def page(instance, tenant, channel, **query: object) -> dict:
 
 async def refreshed(redis_client, tenant, user: str, times: int = 2) -> None:
     """Wait until the instance holding `user` has refreshed `times` more times (their deadline moved on)."""
-    name = member(str(tenant.environment.id), user)
+    environment_id = str(tenant.environment.id)
+    name, deadlines = member(environment_id, user), deadlines_key(user_bucket(environment_id, user))
     for _ in range(times):
-        before = redis_client.zscore(DEADLINES, name)
-        await until(lambda before=before: (redis_client.zscore(DEADLINES, name) or 0) > (before or 0))
+        before = redis_client.zscore(deadlines, name)
+        await until(lambda before=before: (redis_client.zscore(deadlines, name) or 0) > (before or 0))
 
 
 async def test_an_invisible_user_is_not_counted_nor_listed_and_counts_again_once_visible(
@@ -289,7 +291,7 @@ async def test_the_reaper_tells_watchers_of_a_dead_instances_invisible_user_noth
     # The backend's truth is that he left.
     truth = user_presence(a, acme, "tuan")
     assert (truth["state"], truth["invisible"], truth["connections"]) == ("offline", True, [])
-    assert not redis_client.exists(f"presence:{member(str(acme.environment.id), 'tuan')}")
+    assert not redis_client.exists(presence_key(str(acme.environment.id), "tuan"))
     await close_all(linh, probe)
 
 

@@ -20,7 +20,6 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
-from presence.keys import user_bucket
 from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen, members_seeing_only
 from presence.scripts import member, split_member
 from presence.store import REAP_BATCH, Election, PresenceStore, Timings, record_failure
@@ -165,8 +164,8 @@ class PresenceService:
         self._tasks: set[asyncio.Task] = set()
         # Resolved by the next refresh Redis answers (`next_answer`).
         self._answered: asyncio.Future | None = None
-        # The first epoch an election here answered, per bucket (each has its own: `_unsettled`).
-        self._first_epochs: dict[int, str] = {}
+        # When (wall clock, ms) an election here was first answered (`_unsettled`).
+        self._first_answer_ms: float | None = None
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
@@ -233,20 +232,24 @@ class PresenceService:
             await self.publish(
                 conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
             )
-        return election.online, election.occupancy, self._unsettled(user_bucket(*subject), election)
+        return election.online, election.occupancy, self._unsettled(election)
 
-    def _unsettled(self, bucket: int, election: Election) -> int:
+    def _unsettled(self, election: Election) -> int:
         """For how long (ms) the election's snapshot may miss users still to be re-elected.
 
-        An epoch of the user's bucket other than the first this service saw there is Redis having
-        lost its data while this instance lived: until every live holder's refresh has re-elected
-        its users (`Timings.rejoin` after the epoch began), a co-member online all along can be
-        missing from the channels' online sets, and nothing would ever be published about them.
+        An epoch that began after this service's first election was answered is Redis having lost
+        its data while this instance lived (each bucket has its own epoch, so an epoch this
+        instance never saw before is no sign by itself; its age is): until every live holder's
+        refresh has re-elected its users (`Timings.rejoin` after the epoch began), a co-member
+        online all along can be missing from the channels' online sets, and nothing would ever be
+        published about them.
         """
         if election.epoch is None:
             return 0
-        first = self._first_epochs.setdefault(bucket, election.epoch)
-        if election.epoch == first:
+        now_ms = time.time() * 1000
+        if self._first_answer_ms is None:
+            self._first_answer_ms = now_ms
+        if now_ms - election.epoch_age_ms <= self._first_answer_ms:
             return 0
         return max(0, self.timings.rejoin - election.epoch_age_ms)
 

@@ -9,40 +9,43 @@ Refused, with an `error` frame and nothing relayed: a channel the sender is not 
 (`not_a_member`), more than `SIGNALS_PER_SECOND` on one connection in one channel
 (`rate_limited`, with `retry_after_ms`), and a channel of more members than its environment's
 `signal_max_members` (`signals_disabled`: a typing indicator is noise to a crowd).
+
+An invisible sender's signals are dropped without an error: they look offline to the other
+members, and a typing indicator would give them away; their client, told nothing, behaves as
+it always does (docs/contract.md, "Extensions: signals and paged presence").
 """
 
 import logging
-import math
-import time
 
 from channels.db import database_sync_to_async
-from django.db.models import Count
+from django.db.models import Count, Exists
 from limits import RateLimitItemPerSecond
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
 
 from chat.handlers import chat_group
+from presence.models import UserStatus
 from relay import registry
 from relay.exceptions import FrameError
-from relay.frames import ErrorPayload, Signal, SignalSend
+from relay.frames import Signal, SignalSend
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
 from relay.models import Channel
+from relay.rate_limits import ConnectionLimit
 from relay.registry import Connection
 
 logger = logging.getLogger(__name__)
 
-SIGNALS_PER_SECOND = RateLimitItemPerSecond(2)
-# Per process: the limit is per connection, and a connection lives on one instance.
-limiter = MovingWindowRateLimiter(MemoryStorage())
+SIGNALS_PER_SECOND = ConnectionLimit("signals", RateLimitItemPerSecond(2))
+RATE_MESSAGE = f"at most {SIGNALS_PER_SECOND.item.amount} signals a second in one channel; this one was dropped"
 
 
-def channel_size(channel_id: str) -> tuple[int, int]:
-    """The channel's member count and its environment's `signal_max_members`, in one query."""
+def channel_size(channel_id: str, sender_pk: int) -> tuple[int, int, bool]:
+    """The channel's member count, its environment's `signal_max_members` and whether the
+    sender is invisible, in one query."""
+    invisible = UserStatus.objects.filter(user_id=sender_pk, invisible=True)
     return (
         Channel.objects.filter(id=channel_id)
-        .annotate(member_count=Count("memberships"))
-        .values_list("member_count", "environment__signal_max_members")
+        .annotate(member_count=Count("memberships"), sender_invisible=Exists(invisible))
+        .values_list("member_count", "environment__signal_max_members", "sender_invisible")
         .get()
     )
 
@@ -78,21 +81,12 @@ async def signal(conn: Connection, payload: SignalSend) -> None:
     channel_id = payload.channel
     if channel_id not in conn.channel_ids:
         raise FrameError("not_a_member", "you are not a member of that channel")
-    if not limiter.hit(SIGNALS_PER_SECOND, conn.connection_id, channel_id):
-        reset_at, _ = limiter.get_window_stats(SIGNALS_PER_SECOND, conn.connection_id, channel_id)
-        await conn.send_frame(
-            "error",
-            ErrorPayload(
-                code="rate_limited",
-                message=f"at most {SIGNALS_PER_SECOND.amount} signals a second in one channel; this one was dropped",
-                type="signal",
-                retry_after_ms=max(1, math.ceil((reset_at - time.time()) * 1000)),
-            ),
-        )
-        return
-    members, most = await read_channel_size(channel_id)
+    SIGNALS_PER_SECOND.check("signal", RATE_MESSAGE, conn.connection_id, channel_id)
+    members, most, invisible = await read_channel_size(channel_id, conn.user.pk)
     if members > most:
         raise FrameError("signals_disabled", f"signals are off in channels of more than {most} members")
+    if invisible:
+        return
     event = {"type": "signal.sent", "channel": channel_id, "user": conn.user_id, "name": payload.name}
     await channel_layer().group_send(chat_group(channel_id), {**event, "data": payload.data or {}})
 

@@ -68,8 +68,9 @@ class Held:
     # A close found only connections still being admitted here and so did not re-pin: if none
     # of them is let in (4429), the refusal does the last close's re-pin and grace check.
     close_owed: bool = False
-    # Invisible as this instance last knew (a re-election after Redis lost the key announces
-    # `online` only to the user's own connections then).
+    # Invisible as this instance last knew: their elections (and a re-election after Redis lost
+    # the key) announce `online` to their own connections only, and they are counted in no
+    # channel's online set. Kept current by the user's own status messages (`heard_visibility`).
     invisible: bool = False
 
     def admitted(self) -> list[str]:
@@ -205,6 +206,7 @@ class PresenceService:
                 publish or (),
                 channels,
                 large,
+                hidden=held.invisible,
             )
         finally:
             held.admitting.discard(conn.connection_id)
@@ -258,6 +260,7 @@ class PresenceService:
             # keys to expire, so a surviving instance decides each user's `offline`.
             return
         subject = (conn.environment_id, conn.user_id)
+        hidden = self.hidden(*subject)
         last_local = self._forget(subject, conn.connection_id)
         held = self.held.get(subject)
         if held is not None and not held.admitted():
@@ -284,10 +287,40 @@ class PresenceService:
             pinned = self.timings.check_delay
             if epoch is None:
                 pinned += self.timings.refresh + self.timings.margin
-            await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, pinned)
+            if not hidden:
+                await self.store.channels_seen({c: [conn.user_id] for c in conn.channel_ids}, pinned)
             # Written at the close rather than at the decision: the last close anywhere is the
             # last write, and a watcher that asks right after hearing `offline` finds it.
             self.spawn(self._last_seen([subject], time.time()))
+
+    # ── visibility ───────────────────────────────────────────────────────────
+    def hidden(self, environment_id: str, user_id: str) -> bool:
+        """Whether a user this instance holds is invisible, as it last knew."""
+        held = self.held.get((environment_id, user_id))
+        return held is not None and held.invisible
+
+    def heard_visibility(self, environment_id: str, user_id: str, invisible: bool) -> None:
+        """A status of a user held here says whether they are invisible (it may have changed elsewhere)."""
+        held = self.held.get((environment_id, user_id))
+        if held is None or held.invisible == invisible:
+            return
+        held.invisible = invisible
+        self.spawn(self.recount(environment_id, user_id, invisible, sorted(held.channels())))
+
+    async def recount(self, environment_id: str, user_id: str, invisible: bool, channels: Sequence[str]) -> None:
+        """Take an invisible user out of their channels' online sets, or put a visible one back.
+
+        The sets are what occupancy counts and snapshots name, and an invisible user looks offline.
+        A refresh in flight was built before the change and would write the user back: the
+        change goes once Redis has answered it (the next refresh knows).
+        """
+        refreshing = self._refreshing
+        if refreshing is not None:
+            await refreshing
+        if invisible:
+            await self.store.channels_gone([(user_id, channels)])
+        else:
+            await self.store.channels_seen({channel_id: [user_id] for channel_id in channels}, self.timings.seen_for)
 
     def _forget(self, subject: Subject, connection_id: str) -> bool:
         """Drop one connection; return True when it was the user's last on this instance."""
@@ -489,7 +522,9 @@ class PresenceService:
             for name, (_, held, admitted, channels) in snapshot.items()
         ]
         seen: dict[str, list[str]] = {}
-        for (_, user_id), _, _, channels in snapshot.values():
+        for (_, user_id), held, _, channels in snapshot.values():
+            if held.invisible:
+                continue  # counted nowhere: they look offline (docs/contract.md, Rich presence)
             for channel_id in channels:
                 seen.setdefault(channel_id, []).append(user_id)
         self._refreshing = asyncio.get_running_loop().create_future()
@@ -538,7 +573,8 @@ class PresenceService:
                     continue
                 departed.append(subject)
                 gone.append((subject[1], channels))
-                if prefix is not None:
+                # An invisible user's watchers heard `offline` when they turned invisible: nothing to send.
+                if prefix is not None or name in reaped.hidden:
                     self._owed.pop(subject, None)
                     _published(*subject, "offline", len(channels))
                 else:

@@ -98,6 +98,8 @@ async def _deliver_status(conn: Connection, change: StatusChange, dedup: Dedup) 
         # The user's own connections take the copy of the user's group, the one with `invisible`.
         if change.channel is not None:
             return
+        # Set on another instance, maybe: this one stops (or starts) counting them in their channels.
+        actions.service().heard_visibility(conn.environment_id, conn.user_id, change.invisible)
     elif change.channel is None or change.channel not in conn.channel_ids:
         return
     elif not change.single and not dedup.claim(change.change):

@@ -100,7 +100,8 @@ class PresenceExtension(registry.Extension):
         # meanwhile reads the set for its snapshot (presence.announce writes it before the API
         # answers; this covers a change whose notice came another way, or whose write failed).
         service = actions.service()
-        await service.store.channels_seen({channel_id: [conn.user_id]}, service.timings.seen_for, "channel_joined")
+        if not service.hidden(conn.environment_id, conn.user_id):
+            await service.store.channels_seen({channel_id: [conn.user_id]}, service.timings.seen_for, "channel_joined")
         large = await delivery.read_large_channel_ids({channel_id})
         delivery.fanout().modes({channel_id}, large)
         if not large:

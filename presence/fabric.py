@@ -89,8 +89,8 @@ class StatusChange(StrictModel):
     """A user's status as it crosses the channel layer (presence/status.py).
 
     The copies with a `channel` are for the watchers of that channel and are deduplicated by
-    `change` like a transition; the copy without one went to the user's own group and carries
-    `invisible` for their own connections.
+    `change` like a transition; the copy without one, for the user's own connections, names the
+    user's `environment` (its group is every user's) and carries `invisible`.
     """
 
     type: Literal["presence.status_change"]
@@ -105,6 +105,7 @@ class StatusChange(StrictModel):
     change: Annotated[str, AfterValidator(_uuid)]
     channel: ChannelId | None = None
     copies: Annotated[int, Field(ge=1)] | None = None
+    environment: Annotated[str, AfterValidator(_uuid)] | None = None
 
     @property
     def single(self) -> bool:

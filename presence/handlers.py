@@ -25,7 +25,6 @@ from relay.frames import (
     QueriedUser,
     format_instant,
 )
-from relay.layer import channel_layer
 from relay.models import Environment, Membership, User
 from relay.registry import Connection
 
@@ -34,6 +33,7 @@ logger = logging.getLogger("presence")
 registry.sends("presence.status", PresenceStatus)
 registry.sends("presence.result", PresenceResult)
 
+RATE_MESSAGE = "too many presence updates; slow down"
 # Set when the socket URL named a device kind that does not exist (told after the snapshot).
 BAD_DEVICE_KEY = "presence.bad_device"
 # The user's stored status as the connect's database read found it, until the snapshot.
@@ -41,7 +41,7 @@ OWN_STATUS_KEY = "presence.own_status"
 
 
 class RichPresence(registry.Extension):
-    """Reads the user's invisibility for the election, records the device, joins the user's group."""
+    """Reads the user's status for the election and the snapshot, records the device."""
 
     # Before PresenceExtension (10): its election reads INVISIBLE_KEY.
     order = 5
@@ -68,12 +68,13 @@ class RichPresence(registry.Extension):
         conn.state[DEVICE_KEY] = Device(kind=kind, idle=False, connected_ms=_now_ms())
 
     async def opened(self, conn: Connection) -> None:
-        # Only the user's own connections join it: it carries their status with `invisible`.
-        # Joined once the socket is open: with Redis away a subscription waits for its
-        # confirmation, and one more wait before the accept would pass Daphne's handshake timeout.
-        await channel_layer().group_add(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
+        devices = status.devices()
+        # The users' own statuses, with `invisible`, joined by the process once. Once the socket is
+        # open: with Redis away a subscription waits for its confirmation, and one more wait before
+        # the accept would pass Daphne's handshake timeout.
+        await devices.join()
         # After the election, not before: nothing of rich presence may delay (or reorder) it.
-        status.devices().add(conn)
+        devices.add(conn)
         changed = await status.devices_op(
             conn.environment_id, conn.user_id, "put", status.live_ttl(), *status.entry(conn)
         )
@@ -84,8 +85,7 @@ class RichPresence(registry.Extension):
     async def closed(self, conn: Connection) -> None:
         # Only an opened connection wrote its entry.
         opened = status.devices().discard(conn)
-        status.forget_rate(conn.connection_id)
-        await channel_layer().group_discard(status.user_group(conn.environment_id, conn.user_id), conn.channel_name)
+        status.RATE.forget(conn.connection_id)
         service = actions.service()
         # A shutdown closes the store's client under the closing consumers: their entries are
         # left to expire with the instance's keys (presence/shutdown.py).
@@ -135,7 +135,7 @@ async def after_snapshot(conn: Connection, statuses: dict) -> None:
 @registry.frame("presence.set", PresenceSet)
 async def presence_set(conn: Connection, payload: PresenceSet) -> None:
     """Change the user's status; watchers and all the user's connections are told."""
-    status.check_rate(conn.connection_id, "presence.set")
+    status.RATE.check("presence.set", RATE_MESSAGE, conn.connection_id)
     try:
         await status.set_status(conn.environment_id, conn.user, payload, conn.channel_ids)
     except status.Forbidden:
@@ -145,7 +145,7 @@ async def presence_set(conn: Connection, payload: PresenceSet) -> None:
 @registry.frame("presence.activity", PresenceActivity)
 async def presence_activity(conn: Connection, payload: PresenceActivity) -> None:
     """This connection is idle or active again; the user is idle while all their connections are."""
-    status.check_rate(conn.connection_id, "presence.activity")
+    status.RATE.check("presence.activity", RATE_MESSAGE, conn.connection_id)
     device: Device | None = conn.state.get(DEVICE_KEY)
     if device is None or device.idle == payload.idle:
         return

@@ -135,7 +135,8 @@ def online_page(channel: Channel, after: str | None, limit: int) -> tuple[list[s
 
     Members are walked in the database's order of their ids, `MEMBERS_PER_READ` at a time (one
     MGET each), until the page is full; the next page's `after` is None once no member is left
-    behind the page. None when Redis does not answer.
+    behind the page. Invisible users read as offline: they take no place in a page. None when
+    Redis does not answer.
     """
     environment_id = str(channel.environment_id)
     members = channel.members.order_by("external_id").values_list("external_id", flat=True)
@@ -145,8 +146,10 @@ def online_page(channel: Channel, after: str | None, limit: int) -> tuple[list[s
         flags = online_flags([(environment_id, user_id) for user_id in chunk], op="channel_presence")
         if flags is None:
             return None
+        seen = [user_id for user_id, is_online in zip(chunk, flags, strict=True) if is_online]
+        hidden = invisible_users(environment_id, seen)
         for index, (user_id, is_online) in enumerate(zip(chunk, flags, strict=True)):
-            if not is_online:
+            if not is_online or user_id in hidden:
                 continue
             online.append(user_id)
             if len(online) == limit:

@@ -13,7 +13,9 @@ of one bucket (or of one channel), so each script runs on one slot:
                                           reaped bucket by bucket by every instance
 - `presence:channels:{b<n>}:{env}:{user}` hash beside the deadline: `c` the user's channel ids (comma-
                                           separated) as their holders last wrote them, `e` the epoch
-                                          then; what the reaper's `offline` needs, with no database read
+                                          then, `h` "1" while watchers were last told `offline` by
+                                          invisibility; what the reaper's `offline` needs, with no
+                                          database read
 - `presence:epoch:{b<n>}`                 a random id (and `@` when it began) written by the first script
                                           that finds it missing:
                                           a different or missing epoch means the bucket's Redis (a
@@ -152,7 +154,8 @@ end
 # KEYS: conns, key, marker, deadlines, channels, epoch (the deadlines and the epoch of the user's
 # bucket). ARGV: connection id, ttl, grace, max, member, environment id, fresh epoch, the user's
 # channel ids (comma-separated), n, then n (channel, payload) pairs to PUBLISH if this connection
-# wins. The limit, the election and the winner's `online` in one round trip (the snapshot is read
+# wins, then "1" when the user is invisible (their `online` is for their own connections only)
+# else "0". The limit, the election and the winner's `online` in one round trip (the snapshot is read
 # from the channels' online sets beside it). Returns {admitted, won, epoch, the epoch's age (ms)};
 # won is 0 (the
 # user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
@@ -176,6 +179,7 @@ end
 #             del redis[marker]
 #             for channel, payload in publish:
 #                 redis.publish(channel, payload)
+#             channels_hash["h"] = hidden                  # what the reaper may tell watchers
 #             if stream:                                   # webhooks: the event, with the decision
 #                 redis.xadd(stream, t="user.online", e=env, u=user, c=channel_ids)
 #     else:
@@ -216,6 +220,9 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
     for i = 10, 9 + 2 * tonumber(ARGV[9]), 2 do
       redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
     end
+    -- Whether watchers were told: an invisible user's `online` went to their own connections
+    -- only, so the reaper owes watchers no `offline` for them (REAP, VISIBILITY).
+    redis.call('HSET', KEYS[5], 'h', ARGV[10 + 2 * tonumber(ARGV[9])])
     -- webhooks: the event, atomic with the decision
     if KEYS[7] then
       redis.call('XADD', KEYS[7], '*', 't', 'user.online', 'e', ARGV[6],
@@ -375,6 +382,36 @@ return 1
 """
 
 
+# KEYS: key, channels (the hash beside the deadline). ARGV: "1" when the user turned invisible,
+# "0" when visible again, then (channel, payload) pairs to PUBLISH if the user is online. ANNOUNCE
+# for a change of visibility: what watchers were told (`offline` then, `online` now) is written
+# beside the deadline in the same step, so the reaper of a dead instance's invisible user tells
+# them nothing more, and that of a visible one tells them `offline`. A hash Redis lost is not
+# made again here (REFRESH writes it, without `h`: the reaper then says `offline` once more).
+#
+# Equivalent Python:
+#
+#     if key not in redis:
+#         return 0
+#     if channels in redis:
+#         redis[channels]["h"] = hidden
+#     for channel, payload in publish:
+#         redis.publish(channel, payload)
+#     return 1
+VISIBILITY = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[2], 'h', ARGV[1])
+end
+for i = 2, #ARGV, 2 do
+  redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
+
 # ── every interval: refresh, reap ────────────────────────────────────────────
 
 # This script is delicate and performance-sensitive: one call carries every user the instance
@@ -487,6 +524,8 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 # no `online` of a reconnect can fall between the decision and the publish. A deadline written
 # in another epoch than the bucket's waits for the live holders to re-elect first. The message is
 # the channel layer's own encoding (msgpack) of `presence.fabric.transition_message`.
+# An invisible user's watchers were told `offline` when the user turned invisible (`h` in the hash,
+# VISIBILITY): nothing is published for them, and won is 2.
 # Returns {member, won, channel ids (comma-separated), ...}. Webhooks: a winner of a listening
 # environment has its `user.offline` XADDed to the bucket's stream.
 #
@@ -504,11 +543,14 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 #             redis[info]["e"] = epoch
 #         else:
 #             channels = redis[info].get("c", "")
+#             hidden = redis[info].get("h") == "1"          # invisible: watchers heard `offline` then
 #             del deadlines[member], redis[info]
 #             won = marker not in redis
 #             if won:
 #                 redis[marker] = expiring(marker_ttl)
-#                 if prefix:
+#                 if hidden:
+#                     won = 2
+#                 elif prefix:
 #                     for channel in channels.split(","):
 #                         redis.publish(prefix + channel, offline_message(member, channel))
 #                 if env in listening:                     # webhooks: the event, with the decision
@@ -548,13 +590,16 @@ for i = 9, #ARGV do
       redis.call('HSET', info, 'e', epoch)
     else
       local csv = redis.call('HGET', info, 'c') or ''
+      local hidden = redis.call('HGET', info, 'h') == '1'
       local environment = string.sub(name, 1, 36)
       redis.call('ZREM', KEYS[1], name)
       redis.call('DEL', info)
       local won = 0
       if redis.call('SET', marker, '1', 'PX', ARGV[1], 'NX') then
         won = 1
-        if prefix ~= '' then
+        if hidden then
+          won = 2
+        elseif prefix ~= '' then
           local channels = {}
           for channel in string.gmatch(csv, '[^,]+') do
             table.insert(channels, channel)

@@ -13,15 +13,15 @@ connection is idle) and says whether the aggregate changed: only that caller ann
 
 Announcements travel the presence fabric (presence/fabric.py): a `presence.status_change` to
 the group of each of the user's channels (one frame per watcher, deduplicated like a transition)
-and one to the user's own group, which only their connections join and which carries
-`invisible`. The check that the user is online and the PUBLISHes are one script, so a status
-never reaches a watcher ahead of the user's `online`, nor after their `offline` was decided.
+and one, carrying `invisible`, for the user's own connections: to OWN_GROUP, which each process
+joins once and hands to the user's connections it holds (a group per user would cost every
+connection a SUBSCRIBE). The check that the user is online and the PUBLISHes are one script, so
+a status never reaches a watcher ahead of the user's `online`, nor after their `offline` was
+decided.
 """
 
 import functools
-import hashlib
 import logging
-import time
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,24 +32,24 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from limits import RateLimitItemPerSecond, storage, strategies
+from limits import RateLimitItemPerSecond
 from redis.commands.core import AsyncScript
 
 from presence import actions
-from presence.fabric import GROUP_PREFIX, STATUS_CHANGE, State, group_name, transition_message
+from presence.fabric import STATUS_CHANGE, State, group_name, transition_message
 from presence.keys import user_tag
 from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
-from presence.scripts import ANNOUNCE, presence_key
+from presence.scripts import ANNOUNCE, VISIBILITY, channels_key, presence_key
 from presence.store import PresenceStore, as_text, record_failure
 from relay.clock import Periodic
-from relay.exceptions import FrameError
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
-from relay.loops import PerLoop
+from relay.loops import PerLoop, SharedOnce
 from relay.models import Environment, User
+from relay.rate_limits import ConnectionLimit
 from webhooks import outbox
 
 logger = logging.getLogger("presence")
@@ -57,9 +57,8 @@ logger = logging.getLogger("presence")
 DEVICES: tuple[str, ...] = DeviceKind.__args__
 DEFAULT_DEVICE = "web"
 
-# More than this many presence.set and presence.activity frames in the window: `rate_limited`.
-RATE = RateLimitItemPerSecond(10, 10)
-_limiter = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
+# More than 10 presence.set and presence.activity frames in 10 s on one connection: `rate_limited`.
+RATE = ConnectionLimit("presence", RateLimitItemPerSecond(10, 10))
 
 
 def status_key(environment_id: str, user_id: str) -> str:
@@ -72,10 +71,9 @@ def devices_key(environment_id: str, user_id: str) -> str:
     return f"presence:devices:{user_tag(environment_id, user_id)}:{environment_id}:{user_id}"
 
 
-def user_group(environment_id: str, user_id: str) -> str:
-    """The group only the user's own connections join (a digest: group names are short and ASCII)."""
-    digest = hashlib.sha256(f"{environment_id}:{user_id}".encode()).hexdigest()[:40]
-    return f"{GROUP_PREFIX}u.{digest}"
+# Every user's own status, for their connections (with `invisible`): joined once per process.
+# Not under presence's GROUP_PREFIX, whose groups the fan-out claims.
+OWN_GROUP = "status.own"
 
 
 # KEYS: devices, status. ARGV: op, ms an entry counts from now, then per op: put: (connection id,
@@ -307,17 +305,11 @@ async def _cache_and_idle(environment_id: str, user_id: str, status: Status) -> 
     return replies is not None and replies[1] is not None and as_text(replies[1]) == "1"
 
 
-def forget_cached(environment_id: str, user_id: str) -> None:
-    """Drop the Redis copy of a status changed outside `set_status` (admin): the next read refills it."""
-    try:
-        sync_client().hdel(status_key(environment_id, user_id), "s", "t", "e", "u", "i")
-    except Exception as error:
-        record_failure("status_forget", error)
-
-
 # ── announcing ───────────────────────────────────────────────────────────────
-def _status_message(user_id: str, status: Status, idle: bool, change: str, channel: str | None, copies: int) -> dict:
-    message = {
+def _status_message(
+    user_id: str, status: Status, idle: bool, change: str, channel: str | None, copies: int
+) -> dict[str, object]:
+    message: dict[str, object] = {
         "type": STATUS_CHANGE,
         "user": user_id,
         "status": status.status,
@@ -345,7 +337,9 @@ def status_sends(
             (group_name(channel), _status_message(user_id, status, idle, change, channel, len(channels)))
             for channel in channels
         ]
-    sends.append((user_group(environment_id, user_id), _status_message(user_id, status, idle, change, None, 1)))
+    own = _status_message(user_id, status, idle, change, None, 1)
+    own["environment"] = environment_id
+    sends.append((OWN_GROUP, own))
     return sends
 
 
@@ -361,8 +355,14 @@ def transition_sends(user_id: str, state: State, channels: Sequence[str]) -> lis
     ]
 
 
-async def publish_if_online(environment_id: str, user_id: str, sends: list[tuple[str, dict]]) -> bool | None:
-    """PUBLISH `sends` if, and only if, the user is online now (one script); None when Redis failed."""
+async def publish_if_online(
+    environment_id: str, user_id: str, sends: list[tuple[str, dict]], hidden: bool | None = None
+) -> bool | None:
+    """PUBLISH `sends` if, and only if, the user is online now (one script); None when Redis failed.
+
+    `hidden`: the sends change the user's visibility; what watchers were told is kept beside the
+    user's deadline with them (presence/scripts.py, VISIBILITY), for the reaper.
+    """
     if not sends:
         return True
     store = actions.service().store
@@ -377,15 +377,30 @@ async def publish_if_online(environment_id: str, user_id: str, sends: list[tuple
         except Exception as error:
             record_failure("status_publish", error)
             return None
+        if hidden is not None:
+            await _mark_hidden(environment_id, user_id, hidden)
         return True
-    script = _script(store, ANNOUNCE)
     args = [part for pair in publications for part in pair]
-    reply = await store.call("status_publish", lambda: script(keys=[presence_key(environment_id, user_id)], args=args))
+    keys = [presence_key(environment_id, user_id)]
+    script = _script(store, ANNOUNCE)
+    if hidden is not None:
+        script = _script(store, VISIBILITY)
+        keys.append(channels_key(environment_id, user_id))
+        args.insert(0, "1" if hidden else "0")
+    reply = await store.call("status_publish", lambda: script(keys=keys, args=args))
     return None if reply is None else bool(reply)
 
 
-async def announce_change(environment_id: str, user_id: str, change: Change, idle: bool) -> None:
-    """Tell watchers and the user's own connections what a set changed."""
+async def _mark_hidden(environment_id: str, user_id: str, hidden: bool) -> None:
+    """VISIBILITY's write without its publish (the groups live on another Redis)."""
+    store = actions.service().store
+    script = _script(store, VISIBILITY)
+    keys = [presence_key(environment_id, user_id), channels_key(environment_id, user_id)]
+    await store.call("status_publish", lambda: script(keys=keys, args=["1" if hidden else "0"]))
+
+
+async def announce_change(environment_id: str, user_id: str, change: Change, idle: bool) -> bool | None:
+    """Tell watchers and the user's own connections what a set changed; whether the user was online."""
     before, after, channels = change.before, change.after, change.channels
     sends: list[tuple[str, dict]] = []
     if after.invisible and not before.invisible:
@@ -398,9 +413,11 @@ async def announce_change(environment_id: str, user_id: str, change: Change, idl
         sends += status_sends(
             environment_id, user_id, after, idle, channels, watchers=before.chosen() != after.chosen()
         )
-    await publish_if_online(environment_id, user_id, sends)
-    if before.invisible != after.invisible:
+    visibility = after.invisible if before.invisible != after.invisible else None
+    online = await publish_if_online(environment_id, user_id, sends, visibility)
+    if visibility is not None:
         log_event(logger, Event.PRESENCE_VISIBILITY, user=user_id, invisible=after.invisible)
+    return online
 
 
 async def set_status(
@@ -408,12 +425,24 @@ async def set_status(
 ) -> tuple[Status, bool]:
     """Store a set, refresh the cache and announce it; raise Forbidden (nothing changed)."""
     change = await write_status_async(environment_id, user, payload, None if channels is None else list(channels))
-    held = actions.service().held.get((environment_id, user.external_id))
+    return await apply_change(environment_id, user.external_id, change)
+
+
+async def apply_change(environment_id: str, user_id: str, change: Change) -> tuple[Status, bool]:
+    """What follows a stored set: the cache, the channels' online sets, the announcement."""
+    service = actions.service()
+    held = service.held.get((environment_id, user_id))
     if held is not None:
         # A re-election after Redis lost the key announces `online` to whom the user is visible.
         held.invisible = change.after.invisible
-    idle = await _cache_and_idle(environment_id, user.external_id, change.after)
-    await announce_change(environment_id, user.external_id, change, idle)
+    idle = await _cache_and_idle(environment_id, user_id, change.after)
+    if change.after.invisible and not change.before.invisible:
+        # Uncounted before the `offline` goes: an occupancy read after it finds them gone. The
+        # other instances holding the user's connections do the same when they hear the status.
+        await service.recount(environment_id, user_id, True, change.channels)
+    online = await announce_change(environment_id, user_id, change, idle)
+    if change.before.invisible and not change.after.invisible and online:
+        await service.recount(environment_id, user_id, False, change.channels)
     return change.after, idle
 
 
@@ -497,7 +526,8 @@ def entry(conn: object) -> tuple[str, str]:
 
 
 class Devices:
-    """This event loop's connections for rich presence: refresh of their entries and the expiry sweep."""
+    """This event loop's connections for rich presence: refresh of their entries, the expiry sweep,
+    and the users' own statuses (OWN_GROUP) handed to their connections here."""
 
     def __init__(self) -> None:
         self.connections: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
@@ -508,6 +538,22 @@ class Devices:
             failed=functools.partial(record_failure, "status_tick"),
             wanted=lambda: bool(self.connections) and not actions.service().closed,
         )
+        # Joined once for this loop; later calls return at once.
+        self.join = SharedOnce(lambda: channel_layer().route_group(OWN_GROUP, self.received))
+
+    def received(self, message: dict) -> None:
+        """A user's own status: put on the queue of each of their connections here (which validates it)."""
+        subject = (message.get("environment"), message.get("user"))
+        if not all(isinstance(part, str) for part in subject):
+            return
+        held = actions.service().held.get(subject)
+        if held is None:
+            return
+        layer = channel_layer()
+        for connection_id in list(held.connections):
+            conn = self.connections.get(connection_id)
+            if conn is not None:
+                layer.send_local(conn.channel_name, message)
 
     def add(self, conn: object) -> None:
         self.connections[conn.connection_id] = conn
@@ -568,24 +614,3 @@ async def expire_due() -> None:
         sends = status_sends(environment_id, user.external_id, status, idle, channels)
         await publish_if_online(environment_id, user.external_id, sends)
         log_event(logger, Event.PRESENCE_STATUS_EXPIRED, user=user.external_id)
-
-
-# ── rate ─────────────────────────────────────────────────────────────────────
-def check_rate(connection_id: str, frame_type: str) -> None:
-    """Raise FrameError `rate_limited` past RATE presence.set + presence.activity frames on one connection."""
-    if _limiter.hit(RATE, connection_id):
-        return
-    reset = _limiter.get_window_stats(RATE, connection_id).reset_time
-    retry = max(1, int((reset - time.time()) * 1000))
-    raise RateLimited(retry, frame_type)
-
-
-def forget_rate(connection_id: str) -> None:
-    _limiter.clear(RATE, connection_id)
-
-
-class RateLimited(FrameError):
-    """Too many presence updates on one connection; `retry_after_ms` says when the next is taken."""
-
-    def __init__(self, retry_after_ms: int, frame_type: str) -> None:
-        super().__init__("rate_limited", "too many presence updates; slow down", frame_type, retry_after_ms)

@@ -100,6 +100,8 @@ class Reaped:
     due: int
     # (member, won the offline election, the channel ids kept beside the deadline)
     decided: list[tuple[str, bool, list[str]]]
+    # The winners that were invisible: their watchers heard `offline` already, and were told nothing.
+    hidden: frozenset[str] = frozenset()
     # Redis's time just before the script decided them (ms): the bound of their channel entries' removal.
     decided_ms: int = 0
 
@@ -261,6 +263,7 @@ class PresenceStore:
         publish: Sequence[tuple[str, bytes]] = (),
         channels: Iterable[str] = (),
         large: Collection[str] = (),
+        hidden: bool = False,
     ) -> Election | None:
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
@@ -286,12 +289,14 @@ class PresenceStore:
         channels = list(channels)
         args = [connection_id, t.ttl, t.grace, t.max_connections, name, environment_id, fresh_epoch()]
         args.append(",".join(channels))
-        args += [len(publish), *(part for pair in publish for part in pair)]
+        args += [len(publish), *(part for pair in publish for part in pair), "1" if hidden else "0"]
+        # An invisible user is in no online set: neither counted nor listed to others.
+        counted = [] if hidden else [user_id]
 
         def work() -> Awaitable[list]:
             # Submitted together, so they go in one pipeline, the election first.
             seen = [
-                self._seen(channel_id, t.seen_for, "count" if channel_id in large else "members", [user_id])
+                self._seen(channel_id, t.seen_for, "count" if channel_id in large else "members", counted)
                 for channel_id in channels
             ]
             return asyncio.gather(self._script(self._admit, keys, args), *seen)
@@ -467,18 +472,24 @@ class PresenceStore:
             return None
         decided_ms = clock[0] * 1000 + clock[1] // 1000
         decided: list[tuple[str, bool, list[str]]] = []
+        hidden: set[str] = set()
         for chunk in _chunks(calls):
             replies = await self.call("reap", lambda chunk=chunk: self._send_scripts(chunk))
             if replies is None or not self._answered_any("reap", replies):
                 # What was decided stands (and is the caller's to publish); the rest waits for the next pass.
-                return Reaped(due=0, decided=decided, decided_ms=decided_ms) if decided else None
+                return (
+                    Reaped(due=0, decided=decided, decided_ms=decided_ms, hidden=frozenset(hidden)) if decided else None
+                )
+            answered = [reply for reply in replies if _is_list(reply)]
             decided += [
                 (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
-                for reply in replies
-                if _is_list(reply)
+                for reply in answered
                 for i in range(0, len(reply), 3)
             ]
-        return Reaped(due=most, decided=decided, decided_ms=decided_ms)
+            hidden.update(
+                as_text(reply[i]) for reply in answered for i in range(0, len(reply), 3) if int(reply[i + 1]) == 2
+            )
+        return Reaped(due=most, decided=decided, decided_ms=decided_ms, hidden=frozenset(hidden))
 
     @staticmethod
     def _answered_any(op: str, replies: list) -> bool:

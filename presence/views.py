@@ -6,7 +6,6 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
 from presence import status
-from presence.queries import invisible_users
 from presence.reads import online_flags, online_page
 from relay.api import (
     ErrorBody,
@@ -80,8 +79,6 @@ def channel_presence(request: HttpRequest, channel_id: str) -> HttpResponse:
     if page is None:
         return error_response(503, *UNAVAILABLE)
     online, next_after = page
-    hidden = invisible_users(str(channel.environment_id), online)
-    online = [user_id for user_id in online if user_id not in hidden]
     return JsonResponse(ChannelPresence(channel=str(channel.id), online=online, next_after=next_after))
 
 

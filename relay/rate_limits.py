@@ -1,9 +1,12 @@
-"""Rate limits (docs/contract.md, Fair use): frames per connection, and tokens minted per API key.
+"""Rate limits (docs/contract.md, Fair use): what one connection sends, and tokens minted per API key.
 
-Both are the `limits` library's. A connection's frames are counted in this process's memory (a
-connection lives in one process), with a sliding-window counter: two counters per connection
-rather than a timestamp per frame, so a busy instance's memory does not grow with the rate; a
-closed connection's counters expire with their window.
+All are the `limits` library's. What a connection sends is counted in this process's memory (a
+connection lives in one process), every limit in one store: `ConnectionLimit`, whose excess is
+the `error` `rate_limited` with `retry_after_ms`. The frames of every connection go through a
+sliding-window counter: two counters per connection rather than a timestamp per frame, so a busy
+instance's memory does not grow with the rate. The limits of a few frames of one kind (presence
+updates, signals) take a moving window, exact at their small sizes. A closed connection's counts
+expire with their window.
 Tokens minted per API key are counted in RELAY_REDIS_URL, shared by every instance, with a
 moving window (one Redis key per API key, hash-tagged: one slot on a Redis Cluster).
 """
@@ -18,6 +21,7 @@ from limits import RateLimitItem, RateLimitItemPerSecond
 from limits.storage import MemoryStorage, RedisStorage
 from limits.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
+from relay.exceptions import FrameError
 from relay.logging import Event, log_event
 from relay.redis_clients import sync_client
 
@@ -34,24 +38,47 @@ def retry_after_ms(reset_time: float) -> int:
     return max(1, math.ceil((reset_time - time.time()) * 1000))
 
 
-class FrameLimiter:
-    """Each connection's frames, RELAY_RATE_FRAMES_PER_S with bursts of FRAME_BURST_SECONDS' worth."""
+# Every connection limit of this process counts here: one store, one expiry timer.
+_connections = MemoryStorage()
 
-    def __init__(self, per_second: int) -> None:
-        self.item: RateLimitItem = RateLimitItemPerSecond(per_second * FRAME_BURST_SECONDS, FRAME_BURST_SECONDS)
-        self.limiter = SlidingWindowCounterRateLimiter(MemoryStorage())
 
-    def refused(self, connection_id: str) -> int | None:
+class ConnectionLimit:
+    """At most `item` of some frames per connection (and per `scope`, such as a channel).
+
+    `name` keeps the counts of two limits of the same rate apart. `counter`: a sliding-window
+    counter (two counters per key, however many frames) instead of a moving window (a timestamp
+    per frame counted, exact).
+    """
+
+    def __init__(self, name: str, item: RateLimitItem, *, counter: bool = False) -> None:
+        self.name = name
+        self.item = item
+        strategy = SlidingWindowCounterRateLimiter if counter else MovingWindowRateLimiter
+        self.limiter = strategy(_connections)
+
+    def refused(self, connection_id: str, *scope: str) -> int | None:
         """Count one frame of the connection: None when allowed, else the milliseconds to wait."""
-        if self.limiter.hit(self.item, connection_id):
+        if self.limiter.hit(self.item, self.name, connection_id, *scope):
             return None
-        return retry_after_ms(self.limiter.get_window_stats(self.item, connection_id).reset_time)
+        return retry_after_ms(self.limiter.get_window_stats(self.item, self.name, connection_id, *scope).reset_time)
+
+    def check(self, frame_type: str, message: str, connection_id: str, *scope: str) -> None:
+        """Count one frame; past the limit raise FrameError `rate_limited` with `retry_after_ms`."""
+        if (wait := self.refused(connection_id, *scope)) is not None:
+            raise FrameError("rate_limited", message, frame_type, wait)
+
+    def forget(self, connection_id: str, *scope: str) -> None:
+        """Drop the connection's count now (it closed) rather than when its window expires."""
+        self.limiter.clear(self.item, self.name, connection_id, *scope)
 
 
 @cache
-def frames() -> FrameLimiter:
-    """This process's frame limiter."""
-    return FrameLimiter(settings.RELAY_RATE_FRAMES_PER_S)
+def frames() -> ConnectionLimit:
+    """This process's limit of each connection's frames: RELAY_RATE_FRAMES_PER_S, bursts of
+    FRAME_BURST_SECONDS' worth."""
+    per_second = settings.RELAY_RATE_FRAMES_PER_S
+    item = RateLimitItemPerSecond(per_second * FRAME_BURST_SECONDS, FRAME_BURST_SECONDS)
+    return ConnectionLimit("frames", item, counter=True)
 
 
 class TokenLimiter:

@@ -58,6 +58,8 @@ def test_settings_are_in_the_openapi_document(api_for, acme):
     assert "get" in paths["/v1/users/{user_id}/presence"]
 
 
+# Transactional: a save in admin stores the status in a thread of its own (as the API does).
+@pytest.mark.django_db(transaction=True)
 def test_admin_lists_and_edits_statuses_of_the_staffs_environments(acme, globex, staff, redis_client):
     UserStatus.objects.create(user=acme.users["tuan"], status="busy", text="in a meeting")
     UserStatus.objects.create(user=globex.users["zed"], status="away")
@@ -74,8 +76,40 @@ def test_admin_lists_and_edits_statuses_of_the_staffs_environments(acme, globex,
     assert response.status_code == 302, response.content[:2000]
     row.refresh_from_db()
     assert (row.status, row.text) == ("dnd", "focus")
-    # The Redis copy is gone, so the next read takes the table's.
-    assert redis_client.hget(key, "s") is None
+    # Stored as `PUT .../status` stores it: the Redis copy is the new status.
+    assert (redis_client.hget(key, "s"), redis_client.hget(key, "t")) == ("dnd", "focus")
+
+
+ADMIN_FORM = {"status": "busy", "text": "in a meeting", "emoji": "", "until_0": "", "until_1": ""}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"text": "x" * 141}, "text"),
+        ({"emoji": "x" * 33}, "emoji"),
+        ({"text": "bell\u0007"}, "text"),
+        ({"status": "sleeping"}, "status"),
+        ({"until_0": "2001-01-01", "until_1": "00:00:00"}, "until"),
+        ({"invisible": "on"}, "invisible"),
+    ],
+)
+def test_admin_refuses_what_presence_set_refuses_and_changes_nothing(acme, staff, redis_client, change, field):
+    acme.environment.allow_invisible = False
+    acme.environment.save(update_fields=["allow_invisible"])
+    row = UserStatus.objects.create(user=acme.users["tuan"], status="busy", text="in a meeting")
+    response = staff.post(f"/admin/presence/userstatus/{row.pk}/change/", ADMIN_FORM | change)
+    assert response.status_code == 200  # the form again, with the error
+    assert field in response.context["adminform"].form.errors
+    row.refresh_from_db()
+    assert (row.status, row.text, row.emoji, row.until, row.invisible) == ("busy", "in a meeting", "", None, False)
+    assert redis_client.hget(status_key(str(acme.environment.id), "tuan"), "s") is None
+    # The same form with an allowed change is taken.
+    response = staff.post(f"/admin/presence/userstatus/{row.pk}/change/", ADMIN_FORM | {"text": "back at 3"})
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert row.text == "back at 3"
 
 
 def test_a_users_presence_and_status_are_404_for_another_tenants_or_unknown_user(acme, globex, api_for):

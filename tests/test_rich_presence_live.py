@@ -12,10 +12,16 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from channels.db import database_sync_to_async
 
+from presence.keys import user_bucket
+from presence.scripts import channel_online_key, deadlines_key, member, presence_key
+from relay.models import Environment
 from tests.support import (
     WAIT,
     WsClient,
+    add_channel,
+    add_user,
     barrier,
     close_all,
     connect,
@@ -25,6 +31,7 @@ from tests.support import (
     logged,
     states,
     timings,
+    until,
 )
 
 pytestmark = pytest.mark.live
@@ -190,6 +197,165 @@ async def test_invisible_users_close_tells_nobody_and_their_visible_return_says_
     frames = [f for f in linh.frames if f["payload"].get("user") == "tuan"]
     assert [f["type"] for f in frames][-2:] == ["presence.changed", "presence.status"]  # never ahead of online
     await close_all(linh, tuan)
+
+
+@database_sync_to_async
+def set_large_room_members(tenant, members: int) -> None:
+    Environment.objects.filter(id=tenant.environment.id).update(large_room_members=members)
+
+
+@pytest.fixture
+async def hall(acme):
+    """A large channel: five members, above the environment's `large_room_members` of 3."""
+    for user_id in ("an", "binh", "mai"):
+        await add_user(acme, user_id)
+    await set_large_room_members(acme, 3)
+    return await add_channel(acme, "hall", "public", ("an", "binh", "linh", "mai", "tuan"))
+
+
+def occupancy(client: WsClient, channel) -> list[int]:
+    return [frame["online"] for frame in client.of_type("presence.occupancy") if frame["channel"] == str(channel.id)]
+
+
+def page(instance, tenant, channel, **query: object) -> dict:
+    arguments = "&".join(f"{name}={value}" for name, value in query.items())
+    url = f"{instance.http_url}/v1/channels/{channel.id}/presence?{arguments}"
+    status, body = http("GET", url, api_key=tenant.api_key)
+    assert status == 200, body
+    return body
+
+
+async def refreshed(redis_client, tenant, user: str, times: int = 2) -> None:
+    """Wait until the instance holding `user` has refreshed `times` more times (their deadline moved on)."""
+    environment_id = str(tenant.environment.id)
+    name, deadlines = member(environment_id, user), deadlines_key(user_bucket(environment_id, user))
+    for _ in range(times):
+        before = redis_client.zscore(deadlines, name)
+        await until(lambda before=before: (redis_client.zscore(deadlines, name) or 0) > (before or 0))
+
+
+async def test_an_invisible_user_is_not_counted_nor_listed_and_counts_again_once_visible(
+    live_instances, acme, hall, redis_client
+):
+    a, b = live_instances(2, **timings())
+    linh = await connect(a, acme, "linh")
+    mai = await connect(b, acme, "mai")
+    an_here = await connect(b, acme, "an")
+    an_there = await connect(a, acme, "an")
+    await linh.wait_for(lambda c: occupancy(c, hall)[-1:] == [3])
+
+    await an_here.send("presence.set", {"invisible": True})
+    # Like an `offline`: the count drops ...
+    await linh.wait_for(lambda c: occupancy(c, hall)[-1:] == [2])
+    # ... and stays down: instance a, which holds an's other connection and heard of the change,
+    # refreshes without counting them (its refreshes would otherwise put them back).
+    await refreshed(redis_client, acme, "linh")
+    assert redis_client.zscore(channel_online_key(str(hall.id)), "an") is None
+    assert redis_client.zscore(channel_online_key(str(hall.id)), "linh") is not None
+    # A snapshot counts only visible members (linh, mai and tuan himself) ...
+    tuan = await connect(a, acme, "tuan")
+    assert tuan.of_type("presence.snapshot")[0]["occupancy"] == {str(hall.id): 3}
+    # ... and a page of the channel's presence has no place for an (first by id, online).
+    assert page(a, acme, hall, limit=1) == {"channel": str(hall.id), "online": ["linh"], "next_after": "linh"}
+    assert page(b, acme, hall)["online"] == ["linh", "mai", "tuan"]
+
+    await an_there.send("presence.set", {"invisible": False})
+    # Like an `online`: counted again (linh, mai, tuan and an).
+    await linh.wait_for(lambda c: occupancy(c, hall)[-1:] == [4])
+    assert page(a, acme, hall, limit=1)["online"] == ["an"]
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "an") == []  # counted, never named: they share only hall
+    await close_all(linh, mai, an_here, an_there, tuan, probe)
+
+
+async def test_the_reaper_tells_watchers_of_a_dead_instances_invisible_user_nothing_more(
+    live_instances, acme, redis_client, closing
+):
+    a, b = live_instances(2, **timings())
+    await add_user(acme, "mai", ("fleet",))
+    linh = await connect(a, acme, "linh")
+    tuan = await closing(connect(b, acme, "tuan"))
+    await closing(connect(b, acme, "mai"))
+    await heard(linh, "tuan", 1)
+    await heard(linh, "mai", 1)
+    await tuan.send("presence.set", {"invisible": True})
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    b.kill()
+    # Both are reaped by a: mai, visible, with her one `offline` ...
+    assert await heard(linh, "mai", 2) == ["online", "offline"]
+    await logged(a, "presence.published", user="tuan", state="offline")
+    # ... tuan with nothing more: linh heard his `offline` when he turned invisible.
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "tuan") == ["online", "offline"]
+    assert states(linh, "mai") == ["online", "offline"]
+    # The backend's truth is that he left.
+    truth = user_presence(a, acme, "tuan")
+    assert (truth["state"], truth["invisible"], truth["connections"]) == ("offline", True, [])
+    assert not redis_client.exists(presence_key(str(acme.environment.id), "tuan"))
+    await close_all(linh, probe)
+
+
+async def test_an_invisible_users_signals_reach_nobody_without_an_error_and_they_still_hear_others(
+    live_instances, acme
+):
+    a, b = live_instances(2, **timings())
+    fleet = str(acme.channels["fleet"].id)
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    await tuan.send("presence.set", {"invisible": True})
+    await heard(linh, "tuan", 2)
+    await tuan.send("signal", {"channel": fleet, "name": "typing", "data": {"n": 1}})
+    # The invisible user still hears the others' signals.
+    await linh.send("signal", {"channel": fleet, "name": "typing"})
+    assert [s["user"] for s in await tuan.wait_for(lambda c: c.of_type("signal"))] == ["linh"]
+
+    await tuan.send("presence.set", {"invisible": False})
+    assert await heard(linh, "tuan", 3) == ["online", "offline", "online"]
+    await tuan.send("signal", {"channel": fleet, "name": "typing", "data": {"n": 2}})
+    await linh.wait_for(lambda c: c.of_type("signal"))
+    # The signal sent while invisible, published before this one, never reached linh.
+    assert [s["data"] for s in linh.of_type("signal")] == [{"n": 2}]
+    assert tuan.of_type("error") == []  # nothing told the sender their signal went nowhere
+    await close_all(linh, tuan)
+
+
+def admin_post(client, path: str, form: dict) -> int:
+    """POST a Django admin form in this process (a staff member's browser); the status code."""
+    return client.post(f"/admin/presence/userstatus/{path}", form).status_code
+
+
+async def test_a_status_staff_save_in_admin_is_told_as_a_put_is(live_instances, acme, staff, close_presence_service):
+    a, b = live_instances(2, **timings())
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    tuan_there = await connect(a, acme, "tuan")
+    await heard(linh, "tuan", 1)
+    post = database_sync_to_async(admin_post)
+    tuan_pk = acme.users["tuan"].pk
+    form = {"user": tuan_pk, "status": "busy", "text": "in a meeting", "emoji": "", "until_0": "", "until_1": ""}
+
+    assert await post(staff, "add/", form) == 302
+    (seen,) = await status_count(linh, "tuan", 1)
+    assert seen == {"user": "tuan", **BUSY, "emoji": "", "until": None, "idle": False}
+    for own in (tuan, tuan_there):
+        assert (await status_count(own, "tuan", 1)) == [{**seen, "invisible": False}]
+
+    # Invisible from admin: watchers hear `offline`, the user's own connections their status.
+    assert await post(staff, f"{tuan_pk}/change/", form | {"invisible": "on"}) == 302
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    assert (await status_count(tuan_there, "tuan", 2))[1]["invisible"] is True
+    # Refused like a bad `presence.set`: nothing changes, nobody is told.
+    assert await post(staff, f"{tuan_pk}/change/", form | {"invisible": "on", "text": "x" * 141}) == 200
+    # Deleted: the user reads as the defaults, visible again, and watchers are told so.
+    assert await post(staff, f"{tuan_pk}/delete/", {"post": "yes"}) == 302
+    assert await heard(linh, "tuan", 3) == ["online", "offline", "online"]
+    probe = await barrier(a, acme, [linh, tuan, tuan_there])
+    assert statuses(linh, "tuan") == [seen]  # the defaults follow the `online` with no status
+    assert [s["invisible"] for s in statuses(tuan, "tuan")] == [False, True, False]
+    assert states(tuan, "tuan") == ["online"]
+    truth = user_presence(b, acme, "tuan")
+    assert (truth["state"], truth["status"], truth["invisible"]) == ("online", "available", False)
+    await close_all(linh, tuan, tuan_there, probe)
 
 
 async def test_an_environment_without_invisibility_refuses_it_and_changes_nothing(live_instances, acme):

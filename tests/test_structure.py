@@ -105,3 +105,29 @@ def test_no_module_imports_itself_round_a_loop():
 )
 def test_the_cycle_search_finds_a_loop_and_only_a_loop(graph, cycle):
     assert _cycle(graph) == cycle
+
+
+def _limits_imports(path: Path) -> set[str]:
+    """What `path` imports from the `limits` library, as `module.name`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "limits":
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "limits"}
+    return found
+
+
+def test_every_rate_is_counted_by_relay_rate_limits_alone():
+    """One mechanism: any module may name a rate (a `RateLimitItem`), but only relay/rate_limits.py
+    counts (a storage, a strategy) and answers the excess; the apps take its ConnectionLimit."""
+    paths = [path for package in PACKAGES for path in (BASE_DIR / package).rglob("*.py")]
+    imports = {_module_name(path): _limits_imports(path) for path in paths}
+    counting = {
+        module
+        for module, names in imports.items()
+        if any(not name.startswith("limits.RateLimitItem") for name in names)
+    }
+    assert counting == {"relay.rate_limits"}
+    # The walk does see the apps' rates.
+    assert "limits.RateLimitItemPerSecond" in imports["chat.signals"]

@@ -64,12 +64,12 @@ class SignalCounts(registry.Extension):
     """
 
     async def channel_removed(self, conn: Connection, channel_id: str) -> None:
-        limiter.clear(SIGNALS_PER_SECOND, conn.connection_id, channel_id)
+        SIGNALS_PER_SECOND.forget(conn.connection_id, channel_id)
 
     async def closed(self, conn: Connection) -> None:
         # Every channel it could have signalled in: one it left was forgotten as it left.
         for channel_id in conn.channel_ids:
-            limiter.clear(SIGNALS_PER_SECOND, conn.connection_id, channel_id)
+            SIGNALS_PER_SECOND.forget(conn.connection_id, channel_id)
 
 
 registry.extension(SignalCounts())

@@ -55,6 +55,26 @@ read_channel_size = database_sync_to_async(channel_size)
 registry.sends("signal", Signal, relays=True)
 
 
+class SignalCounts(registry.Extension):
+    """Forgets a connection's signal counts once they cannot be used again.
+
+    The limiter's in-memory storage keeps a key for every (connection, channel) it ever counted,
+    emptied but never dropped when its window passes: without this, each closed connection that
+    signalled would stay in it for the life of the process.
+    """
+
+    async def channel_removed(self, conn: Connection, channel_id: str) -> None:
+        SIGNALS_PER_SECOND.forget(conn.connection_id, channel_id)
+
+    async def closed(self, conn: Connection) -> None:
+        # Every channel it could have signalled in: one it left was forgotten as it left.
+        for channel_id in conn.channel_ids:
+            SIGNALS_PER_SECOND.forget(conn.connection_id, channel_id)
+
+
+registry.extension(SignalCounts())
+
+
 @registry.frame("signal", SignalSend)
 async def signal(conn: Connection, payload: SignalSend) -> None:
     """Relay the signal to the channel's other members, if the sender may send it now."""

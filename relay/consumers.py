@@ -49,6 +49,8 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
     slow = False
     # Its token's secret was rotated away (relay/reconcile.py): closing with 4401, nothing more sent.
     revoked = False
+    # Until Channels names it: the layer may fail to give the consumer a channel at all.
+    channel_name: str | None = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """Run the connection; however it ends, `_end` releases it, once."""
@@ -153,17 +155,23 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
         await asyncio.shield(task)
 
     async def _release_all(self) -> None:
-        if self.is_open:
-            self.reconciler.discard(self)
-        if self.user is not None:
-            self.bus.forget(self.user.pk, self.channel_name)
-            await self._leave_groups()
-        await self._release()
-        if self.is_open:
-            self.is_open = False
-            metrics.CLOSES.inc()
-            metrics.CONNECTIONS_OPEN.dec()
-            log_event(logger, Event.CONNECTION_CLOSED, connection_id=self.connection_id, user=self.user_id)
+        try:
+            if self.is_open:
+                self.reconciler.discard(self)
+            if self.user is not None:
+                self.bus.forget(self.user.pk, self.channel_name)
+                await self._leave_groups()
+            await self._release()
+            if self.is_open:
+                self.is_open = False
+                metrics.CLOSES.inc()
+                metrics.CONNECTIONS_OPEN.dec()
+                log_event(logger, Event.CONNECTION_CLOSED, connection_id=self.connection_id, user=self.user_id)
+        finally:
+            # The layer forgets the channel only if a receive was still waiting on it when the
+            # consumer stopped; one that had just returned a message would keep its queue forever.
+            if self.channel_name is not None:
+                self.channel_layer.discard_channel(self.channel_name)
 
     def _groups(self, channel_ids: Iterable[str]) -> list[str]:
         """Every extension's group of each of `channel_ids`."""

@@ -48,6 +48,8 @@ class RelayLayer(ChannelLayer, Protocol):
 
     def handled(self, channel: str) -> None: ...
 
+    def discard_channel(self, channel: str) -> None: ...
+
 
 def channel_layer() -> RelayLayer:
     """The configured channel layer, as the protocol `check_channel_layer` held it to."""

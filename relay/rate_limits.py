@@ -5,8 +5,8 @@ connection lives in one process), every limit in one store: `ConnectionLimit`, w
 the `error` `rate_limited` with `retry_after_ms`. The frames of every connection go through a
 sliding-window counter: two counters per connection rather than a timestamp per frame, so a busy
 instance's memory does not grow with the rate. The limits of a few frames of one kind (presence
-updates, signals) take a moving window, exact at their small sizes. A closed connection's counts
-expire with their window.
+updates, signals) take a moving window, exact at their small sizes. A closed connection's
+counters expire with their window; its moving windows are forgotten as it closes.
 Tokens minted per API key are counted in RELAY_REDIS_URL, shared by every instance, with a
 moving window (one Redis key per API key, hash-tagged: one slot on a Redis Cluster).
 """
@@ -47,7 +47,9 @@ class ConnectionLimit:
 
     `name` keeps the counts of two limits of the same rate apart. `counter`: a sliding-window
     counter (two counters per key, however many frames) instead of a moving window (a timestamp
-    per frame counted, exact).
+    per frame counted, exact). The memory storage drops a counter's key when its window passes,
+    but keeps a moving window's key, emptied, until it is cleared: a moving-window limit must
+    `forget` every key of a connection when it closes, or each closed connection stays counted.
     """
 
     def __init__(self, name: str, item: RateLimitItem, *, counter: bool = False) -> None:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from relay import registry
 from relay.close_codes import UNAUTHORIZED
+from relay.layer import channel_layer
 from relay.logging import event_fields
 from relay.tokens import mint_token
 from tests.support import events, next_frame, open_communicator
@@ -150,3 +151,29 @@ async def test_a_refused_connection_logs_nothing_as_opened(acme, caplog):
     await ok.disconnect()
     opened = [e["user"] for e in events(caplog, "connection.opened")]
     assert opened == ["tuan"]
+
+
+@pytest.mark.usefixtures("close_presence_service")
+async def test_a_closed_consumers_channel_is_forgotten_though_a_message_arrived_as_it_left(acme):
+    fleet = str(acme.channels["fleet"].id)
+    layer = channel_layer()
+    watcher = await open_communicator(acme.token("tuan"))
+    await next_frame(watcher)
+    before = set(layer._get_layer().channels)
+    for _ in range(20):
+        communicator = await open_communicator(acme.token("linh"))
+        await next_frame(communicator)
+        [channel] = set(layer._get_layer().channels) - before
+        # Used while connected: a message put on the channel reaches the client.
+        signal = {"type": "signal.sent", "channel": fleet, "user": "tuan", "name": "typing", "data": {}}
+        assert layer.send_local(channel, signal)
+        assert (await next_frame(communicator))["type"] == "signal"
+        # A message lands on the queue in the same turn as the close: the consumer stops on the
+        # close with that message received but never handled.
+        assert layer.send_local(channel, {**signal, "user": "linh"})
+        await communicator.send_input({"type": "websocket.disconnect", "code": 1000})
+        await communicator.wait(timeout=5)
+        assert not layer.send_local(channel, signal)
+        assert layer.backlog(channel) == 0
+    assert set(layer._get_layer().channels) == before
+    await watcher.disconnect()

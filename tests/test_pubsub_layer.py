@@ -217,3 +217,23 @@ async def test_the_backlog_counts_what_a_consumer_has_not_finished_handling(redi
         assert layer.backlog(channel) == 0
     finally:
         await layer.flush()
+
+
+async def test_a_discarded_channel_takes_its_queue_and_backlog_and_takes_no_more(redis_url):
+    layer = _layer(redis_url)
+    try:
+        channel = await layer.new_channel()
+        kept = await layer.new_channel()
+        assert layer.send_local(channel, {"type": "a"})
+        assert await layer.receive(channel) == {"type": "a"}
+        assert layer.send_local(channel, {"type": "b"})
+        assert layer.backlog(channel) == 2
+        layer.discard_channel(channel)
+        assert channel not in layer._get_layer().channels
+        assert layer.backlog(channel) == 0
+        assert not layer.send_local(channel, {"type": "c"})
+        # Only the discarded one: another channel of the process still takes its messages.
+        assert layer.send_local(kept, {"type": "d"})
+        assert await layer.receive(kept) == {"type": "d"}
+    finally:
+        await layer.flush()

@@ -23,6 +23,10 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
   with the group's local members, instead of one copy queued per member (presence's fan-out).
 - `backlog()` / `handled()`: how many messages put on a local channel its consumer has not yet
   finished handling, so a handler that writes past the queue (a claim) knows when it may.
+- `discard_channel()`: a consumer that has ended drops its channel's queue and backlog.
+  channels-redis drops them only when a receive waiting on the queue is cancelled, which misses
+  a consumer whose last receive had already returned a message when the socket closed: a
+  message arriving as the client leaves would keep its queue for the life of the process.
 - `group_send_many()`, `group_add_many()`, `group_discard_many()`: several groups in ONE round
   trip (a presence transition goes to every channel of its user; a connection joins every
   group of its channels). Publishes do not queue behind each other on the shard's lock, which
@@ -357,6 +361,11 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         else:
             self._backlog.pop(channel, None)
 
+    def discard_channel(self, channel: str) -> None:
+        """Forget a local channel whose consumer has ended: its queue, what is left on it, its backlog."""
+        self.channels.pop(channel, None)
+        self._backlog.pop(channel, None)
+
     async def receive(self, channel: str) -> dict:
         """The next message of `channel`; its backlog is forgotten with the channel."""
         try:
@@ -482,3 +491,7 @@ class RelayPubSubChannelLayer(RedisPubSubChannelLayer):
     def handled(self, channel: str) -> None:
         """The consumer of `channel` has finished handling one message it received from the layer."""
         self._get_layer().handled(channel)
+
+    def discard_channel(self, channel: str) -> None:
+        """Forget a local channel whose consumer has ended (see the loop layer)."""
+        self._get_layer().discard_channel(channel)

@@ -73,6 +73,11 @@ class _Shard(RedisSingleShardConnection):
         # Channels whose SUBSCRIBE failed, and the task sending it again.
         self._unsent: set[str] = set()
         self._retrying: asyncio.Task | None = None
+        # Cleared while the receiver, which has subscriptions to read, is between connections: it
+        # reconnects the pub/sub connection itself, and a SUBSCRIBE sent meanwhile would make a
+        # second connection attempt race its own and cut the one that won.
+        self._receiving = asyncio.Event()
+        self._receiving.set()
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -128,6 +133,8 @@ class _Shard(RedisSingleShardConnection):
         failed one would stay unsubscribed for the life of the process.
         """
         try:
+            if self._pubsub.subscribed and not self._receiving.is_set():
+                raise redis.ConnectionError("the receiver is reconnecting")
             await self._pubsub.subscribe(*channels)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
             self._unsent.update(channels)
@@ -186,6 +193,7 @@ class _Shard(RedisSingleShardConnection):
             try:
                 if self._pubsub and self._pubsub.subscribed:
                     message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
+                    self._receiving.set()
                     # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
                     if self._reconnecting and not self._unsent:
                         self._reconnecting = False
@@ -206,6 +214,7 @@ class _Shard(RedisSingleShardConnection):
                 # Redis restarted or failed over: the next read reconnects (through the sentinels,
                 # when configured) and redis-py subscribes again to every channel. Soon, since what
                 # is published before that is not heard here; logged once per outage.
+                self._receiving.clear()
                 if not self._reconnecting:
                     self._reconnecting = True
                     log_event(

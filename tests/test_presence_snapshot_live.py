@@ -47,6 +47,20 @@ def view(client) -> set[str]:
     return online
 
 
+async def sees_tuan_back_unannounced(gateway, acme) -> None:
+    """linh connects, then tuan comes back before his departure was decided: linh's snapshot
+    lists him, and his return publishes nothing (his `online` was never retracted)."""
+    linh = await connect(gateway, acme, "linh")
+    back = await connect(gateway, acme, "tuan")
+    await logged(gateway, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
+    probe = await barrier(gateway, acme, [linh])
+
+    assert "tuan" in linh.of_type("presence.snapshot")[0]["online"]
+    assert "tuan" in view(linh)
+    assert linh.changes("tuan") == []
+    await close_all(linh, back, probe)
+
+
 async def test_a_watcher_connecting_between_the_grace_and_its_check_sees_a_user_who_returns(
     live_instances, acme, redis_client
 ):
@@ -57,15 +71,7 @@ async def test_a_watcher_connecting_between_the_grace_and_its_check_sees_a_user_
     await tuan.close()
     await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
 
-    linh = await connect(gateway, acme, "linh")
-    back = await connect(gateway, acme, "tuan")
-    await logged(gateway, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
-    probe = await barrier(gateway, acme, [linh])
-
-    assert "tuan" in linh.of_type("presence.snapshot")[0]["online"]
-    assert "tuan" in view(linh)
-    assert linh.changes("tuan") == []
-    await close_all(linh, back, probe)
+    await sees_tuan_back_unannounced(gateway, acme)
 
 
 async def test_a_watcher_connecting_after_a_dead_instances_key_expired_sees_a_user_who_returns(
@@ -197,15 +203,7 @@ async def test_a_watcher_connecting_after_a_close_whose_release_timed_out_sees_a
             return score is None or score - (now[0] * 1000 + now[1] // 1000) > TTL
 
         await until(settled)
-        linh = await connect(gateway, acme, "linh")
-        back = await connect(gateway, acme, "tuan")
-        await logged(gateway, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
-        probe = await barrier(gateway, acme, [linh])
-
-        assert "tuan" in linh.of_type("presence.snapshot")[0]["online"]
-        assert "tuan" in view(linh)
-        assert linh.changes("tuan") == []
-        await close_all(linh, back, probe)
+        await sees_tuan_back_unannounced(gateway, acme)
         client.close()
     finally:
         presence_redis.close()

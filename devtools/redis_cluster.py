@@ -318,6 +318,23 @@ class EmbeddedRedisCluster:
             time.sleep(0.05)
         self.wait_until_ok(timeout)
 
+    def stop_shard(self, master: EmbeddedRedis) -> EmbeddedRedis:
+        """SIGKILL `master`'s replica, then `master`: nobody is left to take its slots; return the replica."""
+        replica = self._replica_of(master)
+        replica.kill()
+        master.kill()
+        return replica
+
+    def start_shard_empty(self, master: EmbeddedRedis, replica: EmbeddedRedis, timeout: float = 30.0) -> None:
+        """Start a shard that `stop_shard` stopped, with no data: a master that lost it (and its replica's).
+
+        `master` comes back first, empty (persistence is off), with its nodes.conf: the same node
+        id, owning its slots again. Then `replica`, which copies the empty data set from it.
+        """
+        master.start()
+        self.wait_until_ok(timeout)
+        self.restart(replica, timeout)
+
     def _rejoined(self, node: EmbeddedRedis) -> bool:
         try:
             mine = next(entry for entry in self._nodes_view(node) if "myself" in entry["flags"])

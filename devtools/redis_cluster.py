@@ -61,6 +61,10 @@ class EmbeddedRedisCluster:
             # Promote a replica however long it was cut off: the data is ephemeral anyway.
             "--cluster-replica-validity-factor",
             "0",
+            # CLUSTER SLOTS lists a replica only once it has replicated something (the relay's
+            # layer subscribes on replicas it lists); the master's pings count, every second.
+            "--repl-ping-replica-period",
+            "1",
         )
         # A password on every node (and between them, for replication), as managed clusters have.
         self.password = password
@@ -104,6 +108,11 @@ class EmbeddedRedisCluster:
                 timeout=timeout,
             )
             self.wait_until_ok(timeout)
+            deadline = time.monotonic() + timeout
+            while not self._replicas_listed():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"CLUSTER SLOTS did not list every replica within {timeout}s")
+                time.sleep(0.05)
         except BaseException:
             # No node outlives a cluster that did not come up.
             self.close()
@@ -151,6 +160,15 @@ class EmbeddedRedisCluster:
                 }
             )
         return view
+
+    def _replicas_listed(self) -> bool:
+        """Every slot range has a replica in CLUSTER SLOTS (as clients read the slot map)."""
+        client = self._client(self._live_nodes()[0])
+        try:
+            ranges = client.execute_command("CLUSTER SLOTS")
+        finally:
+            client.close()
+        return all(len(entry) > 3 for entry in ranges)
 
     def _ok_everywhere(self) -> bool:
         for node in self._live_nodes():
@@ -216,6 +234,14 @@ class EmbeddedRedisCluster:
                 if serving is not None and int(first) <= slot <= int(last or first):
                     return serving
         raise RuntimeError(f"no live master serves slot {slot}")
+
+    def shard_of(self, key: str) -> list[EmbeddedRedis]:
+        """The live nodes that hear `key`'s shard channel now: the master of its slot, then its replicas."""
+        master = self.master_of(key)
+        view = self._nodes_view(master)
+        master_id = next(entry["id"] for entry in view if "myself" in entry["flags"])
+        ports = {entry["port"] for entry in view if entry["master_id"] == master_id}
+        return [master, *(node for node in self._live_nodes() if node.port in ports)]
 
     def move_slot_of(self, key: str, to: EmbeddedRedis) -> None:
         """Move the (keyless) slot of `key` to the master `to`, as `redis-cli --cluster reshard` would."""
@@ -290,6 +316,18 @@ class EmbeddedRedisCluster:
         while not (self._promoted(replica) and self._ok_everywhere()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no replica took over from frozen port {master.port} within {timeout}s")
+            time.sleep(0.05)
+        return replica
+
+    def freeze_replica(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
+        """SIGSTOP `master`'s replica and wait until the master takes it for failed; return the replica."""
+        replica = self._replica_of(master)
+        os.kill(replica._process.pid, signal.SIGSTOP)
+        self._frozen.add(replica.port)
+        deadline = time.monotonic() + timeout
+        while not any(entry["port"] == replica.port and "fail" in entry["flags"] for entry in self._nodes_view(master)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"frozen port {replica.port} was not taken for failed within {timeout}s")
             time.sleep(0.05)
         return replica
 

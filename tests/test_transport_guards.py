@@ -133,6 +133,14 @@ def test_redis_pys_asyncio_cluster_client_still_has_what_the_cluster_layer_reads
     connection = node.connection_class(**node.connection_kwargs)
     assert (connection.host, connection.port) == ("127.0.0.1", 1)
     assert callable(_wrap_close)
+    # A slot's nodes, its master first and then its replicas: where the layer subscribes.
+    assert client.nodes_manager.slots_cache == {}
+    source = inspect.getsource(NodesManager.initialize)
+    assert "nodes_for_slot.append(target_node)" in source
+    assert "nodes_for_slot.append(target_replica_node)" in source
+    # The publishing client is built without retries: redis-py's pipeline retry sends again every
+    # command whose answer is falsy (an SPUBLISH that no client on that node heard) with the failed ones.
+    assert "not cmd.result" in inspect.getsource(redis.asyncio.cluster.PipelineStrategy._execute)
 
 
 # ── websocket options: Daphne still leaves those autobahn options alone ───────

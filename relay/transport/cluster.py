@@ -5,28 +5,33 @@ asyncio `RedisCluster` publishes (SPUBLISH is routed by its channel's slot, MOVE
 handled by the client), but it has no pub/sub before redis-py 8.0 (redis/redis-py#2219, closed
 by redis/redis-py#3736), outside the range the rest of Relay is written for (redis-py 8 also
 makes RESP3 the default). coredis has sharded pub/sub, but would be a second Redis client beside
-redis-py for this one feature. So the SSUBSCRIBE side is here: one connection per master,
-opened from the `ClusterNode` that `RedisCluster` maps a channel's slot to, read as a plain RESP
-stream. It reaches into redis-py for two things, both guarded by tests/test_transport_guards.py:
-`nodes_manager.initialize()` to re-read the slot map after a failover or a slot migration, and a
-node's `connection_class`/`connection_kwargs` to open the subscribing connections as the client
-opens its own. The layer is
+redis-py for this one feature. So the SSUBSCRIBE side is here: one connection per node it
+subscribes on, opened from the `ClusterNode`s that `RedisCluster` maps a channel's slot to, read
+as a plain RESP stream. It reaches into redis-py for three things, all guarded by
+tests/test_transport_guards.py: `nodes_manager.initialize()` to re-read the slot map after a
+failover or a slot migration, `nodes_manager.slots_cache` for the nodes of a slot (its master,
+then its replicas), and a node's `connection_class`/`connection_kwargs` to open the subscribing
+connections as the client opens its own. The layer is
 `relay.transport.pubsub`'s with its one shard replaced by `_ClusterShard` (same groups, wire
 format, process inbox and hooks); channels-redis itself has no cluster support
 (django/channels_redis#420).
 
-What each master holds: the shard channels whose names hash to its slots, the group channels
+What each shard holds: the shard channels whose names hash to its slots, the group channels
 (`relay__group__<group>`) and process inboxes (`relay__specific.<process>!`) spread across all
-of them. A subscription returns once the master confirmed it, as on one Redis.
+of them. A subscription is made on a replica of the slot's master (Redis 7 delivers a shard
+channel's messages to every node of its shard, and a replica keeps its subscribers when it is
+promoted), on the master when the slot map lists no replica, and returns once that node
+confirmed it, as on one Redis.
 
-Failover and migration: a subscribing connection that breaks or stops answering PINGs (a host
-that vanished), a MOVED answer to an SSUBSCRIBE, or an SUNSUBSCRIBE the server sent on its own
-(the slot moved away, the master became a replica) re-reads the slot map and subscribes every
-channel this process wants again on the master that serves it now, retrying until every one is
-confirmed. The slot map is re-read on a client of its own: redis-py replaces every node's
-connections when it re-reads one, which would cut the publishes under way. Messages published
-while a shard has no master are lost, as on one Redis that restarts; what is published once it
-is back is heard.
+Failover and migration: a master's failover leaves the subscriptions where they are. A send that
+meets a slot without a master is tried again until the new master takes it (`_ClusterShard`). A
+subscribing connection that breaks or stops answering PINGs (a host that vanished), a MOVED
+answer to an SSUBSCRIBE, or an SUNSUBSCRIBE the server sent on its own (the slot moved to another
+shard, a master became a replica) re-reads the slot map and subscribes every channel this
+process wants that no node of its slot's shard holds, retrying until every one is confirmed.
+What the master published while a channel was being subscribed again is not heard there. The
+slot map is re-read on a client of its own: redis-py replaces every node's connections when it
+re-reads one, which would cut the publishes under way.
 
 Presence cannot publish from its scripts here (`publications()` and `group_channel_prefix()`
 answer None): a script runs on one master, and the groups it would publish to live on others.
@@ -485,7 +490,7 @@ class _ClusterShard(_Shard):
         self._receive_message({"channel": channel, "data": data})
 
     async def subscribe_many(self, channels: Sequence[str]) -> None:
-        """SSUBSCRIBE, returning once every channel is confirmed by its master."""
+        """SSUBSCRIBE, returning once every channel is confirmed by the node it is subscribed on."""
         await self._subscriptions().subscribe(channels)
 
     async def unsubscribe_many(self, channels: Sequence[str]) -> None:
@@ -512,6 +517,8 @@ class _ClusterShard(_Shard):
                 if not self._flying:
                     self._landed.set()
             if not left:
+                # Also the end of an outage whose retried send was given up by its caller.
+                self._outage.end("publish")
                 return
         self._queued += 1
         try:

@@ -143,6 +143,14 @@ def test_redis_pys_asyncio_cluster_client_still_has_what_the_cluster_layer_reads
     assert "not cmd.result" in inspect.getsource(redis.asyncio.cluster.PipelineStrategy._execute)
 
 
+def test_redis_pys_asyncio_connection_still_writes_on_a_writer_a_disconnect_cleared():
+    # relay.transport.cluster.closed_under_a_write takes the AttributeError for a failure
+    # (redis/redis-py#3546); once redis-py raises ConnectionError there (redis/redis-py#4288), it can go.
+    from redis.asyncio.connection import Connection
+
+    assert "self._writer.writelines(" in inspect.getsource(Connection._send_packed_command)
+
+
 # ── websocket options: Daphne still leaves those autobahn options alone ───────
 class StoppedReactor:
     """Just enough of Twisted's reactor for Daphne's `Server.run` to build its factories and return."""

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -96,6 +97,8 @@ _SEND_FATAL = (redis.AuthenticationError, AuthorizationError)
 
 def _retried(error: BaseException) -> bool:
     """Whether a send that failed with `error` is tried again (redis-py wraps a refusal met reading the slot map)."""
+    if closed_under_a_write(error):
+        return True
     return isinstance(error, _SEND_ERRORS) and not isinstance(error.__cause__ or error, _SEND_FATAL)
 
 
@@ -107,6 +110,28 @@ _TOPOLOGY_ERRORS = (
     redis.RedisClusterException,
     OSError,
 )
+
+
+# Where redis-py's own code is: an AttributeError raised there is its, not Relay's.
+_REDIS_PY = str(Path(redis.__file__).parent)
+
+
+def closed_under_a_write(error: BaseException) -> bool:
+    """Whether `error` is redis-py's asyncio connection written on after another task disconnected it.
+
+    redis-py 6.4 clears a connection's writer on `disconnect()`, and a task already past its
+    connected check then writes on None: AttributeError instead of ConnectionError
+    (redis/redis-py#3546, fixed upstream by redis/redis-py#4288, after 6.4). `RedisCluster`
+    makes it common: a command that meets a dead node disconnects every node's connections,
+    those other commands are using too. The same failure as a ConnectionError. Guarded by
+    tests/test_transport_guards.py.
+    """
+    if not isinstance(error, AttributeError) or error.__traceback__ is None:
+        return False
+    trace = error.__traceback__
+    while trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
 
 
 def cluster_client(nodes: Sequence[tuple[str, int]], timeout: float = PUBLISH_SECONDS, **options: Any) -> RedisCluster:
@@ -546,7 +571,7 @@ class _ClusterShard(_Shard):
             by_node: dict[str, list[tuple[str, bytes]]] = {}
             for message in messages:
                 by_node.setdefault(self._cluster.get_node_from_key(message[0]).name, []).append(message)
-        except _SEND_ERRORS as error:
+        except (*_SEND_ERRORS, AttributeError) as error:
             if not _retried(error):
                 raise
             return messages, error
@@ -563,7 +588,7 @@ class _ClusterShard(_Shard):
             pipe.execute_command("SPUBLISH", channel, payload)
         try:
             results = await pipe.execute(raise_on_error=False)
-        except _SEND_ERRORS as error:
+        except (*_SEND_ERRORS, AttributeError) as error:
             if not _retried(error):
                 raise
             return batch, error

@@ -283,4 +283,7 @@ async def test_a_master_restarted_empty_flaps_nobody_who_stayed_and_a_leaver_is_
     assert lines([a, b], "presence.published", state="offline") == lines(
         [a, b], "presence.published", user=leaver, state="offline"
     )
+    # Every failure met during the outage was logged as one, none ended a task.
+    assert lines([a, b], "presence.failed")
+    assert all("Traceback" not in instance.log_path.read_text() for instance in (a, b))
     await close_all(linh, tuan, probe)

@@ -214,9 +214,13 @@ if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
         "a key refreshed no faster than it expires drops live users"
     )
 
-# On a Redis Cluster, a send rides out a failover shorter than the presence TTL, which presence
-# rides out too (docs/scaling.md, The channel layer on Redis Cluster).
-CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL, RELAY_REDIS_CLUSTER_NODES, RELAY_PRESENCE_TTL_MS)
+# On a Redis Cluster, a send waits for its slot's new master as long as presence rides out a
+# failover (keys refreshed one interval before it began outlive it by TTL - refresh), and no
+# longer: presence's own sends wait too, and its refresh behind them (docs/scaling.md, The
+# channel layer on Redis Cluster).
+CHANNEL_LAYERS = channel_layers_for(
+    RELAY_REDIS_URL, RELAY_REDIS_CLUSTER_NODES, RELAY_PRESENCE_TTL_MS - RELAY_PRESENCE_REFRESH_MS
+)
 
 # ── Connections ──────────────────────────────────────────────────────────────
 # What a connection may have queued and not yet written to its socket before it is closed with

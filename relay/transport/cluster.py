@@ -70,7 +70,7 @@ TOPOLOGY_SECONDS = 1.0
 PUBLISH_SECONDS = 5.0
 # How long a send whose slot has no master (a failover under way, the cluster down) is tried
 # again, every RECONNECT_SECONDS, before it fails: the layer's `publish_retry_seconds`, which
-# Relay's settings make the presence TTL (a failover shorter than it is invisible to presence).
+# Relay's settings make the presence TTL less one refresh interval (relay/settings.py).
 PUBLISH_RETRY_SECONDS = 30.0
 # How often each subscribing connection is PINGed, and how many PINGs may go unanswered before
 # it is taken for dead: a master whose host vanished (no reset, no unsubscribe) would otherwise

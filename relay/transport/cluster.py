@@ -179,7 +179,7 @@ class _Outage:
 
 
 class _Link:
-    """One subscribing connection to one master, and the shard channels it confirmed."""
+    """One subscribing connection to one node, and the shard channels it confirmed."""
 
     def __init__(self, node: ClusterNode, connection: Connection) -> None:
         self.node = node
@@ -214,7 +214,7 @@ class ShardedSubscriptions:
         self._closing: set[asyncio.Task] = set()
 
     async def subscribe(self, channels: Iterable[str]) -> None:
-        """SSUBSCRIBE to every channel on its master; return once each is confirmed (or after CONFIRM_SECONDS).
+        """SSUBSCRIBE to every channel on its home node; return once each is confirmed (or after CONFIRM_SECONDS).
 
         One unconfirmed in time stays wanted: the resync that a failure started subscribes it
         when its master answers.
@@ -332,7 +332,7 @@ class ShardedSubscriptions:
             raise
 
     async def _read(self, link: _Link) -> None:
-        """Read one master's pushes: messages, confirmations, and the unsubscribes it decided itself."""
+        """Read one node's pushes: messages, confirmations, and the unsubscribes it decided itself."""
         while True:
             try:
                 reply = await link.connection.read_response(timeout=None)

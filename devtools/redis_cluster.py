@@ -108,11 +108,7 @@ class EmbeddedRedisCluster:
                 timeout=timeout,
             )
             self.wait_until_ok(timeout)
-            deadline = time.monotonic() + timeout
-            while not self._replicas_listed():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"CLUSTER SLOTS did not list every replica within {timeout}s")
-                time.sleep(0.05)
+            self._wait_replicas_listed(timeout)
         except BaseException:
             # No node outlives a cluster that did not come up.
             self.close()
@@ -161,11 +157,24 @@ class EmbeddedRedisCluster:
             )
         return view
 
-    def _replicas_listed(self) -> bool:
-        """Every slot range has a replica in CLUSTER SLOTS (as clients read the slot map)."""
-        client = self._client(self._live_nodes()[0])
+    def _wait_replicas_listed(self, timeout: float) -> None:
+        """Wait until every node lists a replica for every slot range in CLUSTER SLOTS, as clients read the map.
+
+        A cluster a method leaves whole is then the same for the next test: the relay's layer
+        subscribes on the replicas it is told of.
+        """
+        deadline = time.monotonic() + timeout
+        while not all(self._replicas_listed(node) for node in self._live_nodes()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CLUSTER SLOTS did not list every replica within {timeout}s")
+            time.sleep(0.05)
+
+    def _replicas_listed(self, node: EmbeddedRedis) -> bool:
+        client = self._client(node)
         try:
             ranges = client.execute_command("CLUSTER SLOTS")
+        except redis.RedisError:
+            return False
         finally:
             client.close()
         return all(len(entry) > 3 for entry in ranges)
@@ -278,6 +287,7 @@ class EmbeddedRedisCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"port {replica.port} did not take over from port {master.port} within {timeout}s")
             time.sleep(0.05)
+        self._wait_replicas_listed(timeout)
         return replica
 
     def _replica_of(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
@@ -341,6 +351,7 @@ class EmbeddedRedisCluster:
                 raise RuntimeError(f"port {node.port} did not rejoin the cluster within {timeout}s")
             time.sleep(0.05)
         self.wait_until_ok(timeout)
+        self._wait_replicas_listed(timeout)
 
     def _promoted(self, replica: EmbeddedRedis) -> bool:
         entry = next(entry for entry in self._nodes_view(replica) if "myself" in entry["flags"])
@@ -355,6 +366,7 @@ class EmbeddedRedisCluster:
                 raise RuntimeError(f"port {node.port} did not rejoin the cluster within {timeout}s")
             time.sleep(0.05)
         self.wait_until_ok(timeout)
+        self._wait_replicas_listed(timeout)
 
     def stop_shard(self, master: EmbeddedRedis) -> EmbeddedRedis:
         """SIGKILL `master`'s replica, then `master`: nobody is left to take its slots; return the replica."""

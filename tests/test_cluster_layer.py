@@ -167,7 +167,11 @@ async def test_a_node_gone_silent_under_subscriptions_is_noticed_and_they_move_t
     on_it = [
         f"relay__group__{group}" for group in GROUPS if redis_cluster.master_of(f"relay__group__{group}") is master
     ]
+    # They are on the master's replica.
+    replica = redis_cluster.shard_of(on_it[0])[1]
+    assert all(_subscribers_on(replica, name) == 1 for name in on_it)
     silent = await asyncio.to_thread(redis_cluster.freeze_replica, master)
+    assert silent.port == replica.port
     try:
         await until(lambda: _logged(caplog, "layer.reconnected"))
         assert "PINGs unanswered" in _logged(caplog, "layer.disconnected")[0]["error"]

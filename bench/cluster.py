@@ -17,7 +17,9 @@ steady user of its channel and no subject.
 """
 
 import asyncio
+import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,8 +51,8 @@ class ClusterSizes:
 
 
 SIZES = {
-    "full": ClusterSizes((100, 200, 300, 400, 500, 600, 800), 3.0, 2000, 1000, 25, 40, 10.0, 3.0),
-    "quick": ClusterSizes((100, 200, 300, 400), 2.0, 1000, 200, 10, 30, 6.0, 2.0),
+    "full": ClusterSizes((50, 100, 150, 200, 300, 400, 500, 600, 800), 3.0, 2000, 1000, 25, 40, 10.0, 3.0),
+    "quick": ClusterSizes((50, 100, 150, 200, 300), 2.0, 1000, 200, 10, 30, 6.0, 2.0),
     "smoke": ClusterSizes((20,), 1.0, 40, 20, 2, 10, 3.0, 1.0),
 }
 TARGETS = {
@@ -136,6 +138,10 @@ def _reap(bench: Bench, sizes: ClusterSizes, cluster: EmbeddedRedisCluster, on_c
         "cluster.reap_last_offline_after_ms": clustered["reap.last_offline_after_ms"],
         "_cluster_reap_missing_pairs": clustered["_reap_missing_pairs"],
         "_cluster_one_redis_reap_last_offline_after_ms": single["reap.last_offline_after_ms"],
+        # The span the rate is counted over starts at the first `offline`: one before the TTL (an
+        # instance late with its refresh on a loaded machine) stretches it.
+        "_cluster_reap_first_offline_after_ms": clustered["_reap_first_offline_after_ms"],
+        "_cluster_one_redis_reap_first_offline_after_ms": single["_reap_first_offline_after_ms"],
     }
 
 
@@ -192,7 +198,11 @@ def _failover(bench: Bench, sizes: ClusterSizes, cluster: EmbeddedRedisCluster) 
             load.kill()
         for server in servers:
             server.stop()
-    failed = sum(_logged(server, '"presence.failed"') for server in servers)
+    failed = len(_events(servers, "presence.failed"))
+    # Each user a watcher still saw online after the churn, and whether an instance published its
+    # `offline` (then the layer lost it) or never decided it.
+    published = {line["user"] for line in _events(servers, "presence.published") if line.get("state") == "offline"}
+    ghosts = " ".join(f"{user}({'published' if user in published else 'never published'})" for user in result["ghosts"])
     say(
         f"cluster failover: master on port {victim.port} killed, replica serving after {promoted - killed:.2f} s; "
         f"{result['false_offline']} false offline frames, {result['unconverged']} of {result['watchers']} watchers "
@@ -211,11 +221,21 @@ def _failover(bench: Bench, sizes: ClusterSizes, cluster: EmbeddedRedisCluster) 
         "_cluster_failover_steady_dropped": result["dropped"],
         "_cluster_failover_subject_failures": result["subject_failures"],
         "_cluster_failover_presence_failed_lines": failed,
+        "_cluster_failover_ghosts": ghosts or "none",
+        "_cluster_failover_steady_missing": " ".join(result["missing"]) or "none",
     }
 
 
-def _logged(server: Server, event: str) -> int:
-    return sum(1 for line in server.log_path.read_text(errors="replace").splitlines() if event in line)
+def _events(servers: list[Server], event: str) -> list[dict]:
+    """The JSON log lines of `event` the servers wrote."""
+    found = []
+    for server in servers:
+        for raw in server.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                line = json.loads(raw)
+                if isinstance(line, dict) and line.get("event") == event:
+                    found.append(line)
+    return found
 
 
 # ── the load-generator scenario (`python -m bench.loadgen` runs it by name) ───
@@ -263,8 +283,12 @@ async def failover(job: dict) -> None:
     unconverged = [w for spec, w in pairs if not converged(spec, w)]
     stayed = {user for user, connection in connections.items() if connection.ws.close_code is None}
     false_offline = sum(w.offline[user] for spec, w in pairs for user in spec["steady"] if user in stayed)
+    ghosts = sorted({user for spec, w in pairs for user in w.view & set(spec["churning"])})
+    missing = sorted({user for spec, w in pairs for user in set(spec["steady"]) - w.view})
     if unconverged:
-        progress(f"{len(unconverged)} watchers not converged; one sees online: {sorted(unconverged[0].view)}")
+        progress(
+            f"{len(unconverged)} watchers not converged: subjects seen online {ghosts}, steady users not {missing}"
+        )
     await asyncio.gather(*(w.close() for w in [*watchers, *held]), return_exceptions=True)
     emit(
         "result",
@@ -275,4 +299,6 @@ async def failover(job: dict) -> None:
         churn_after_kill_s=round(ended - killed, 2),
         dropped=len(connections) - len(stayed),
         subject_failures=subject_failures,
+        ghosts=ghosts,
+        missing=missing,
     )

@@ -118,6 +118,9 @@ def _churn(
         "_cluster_fanout_frames_per_s": clustered["fanout.frames_per_s"],
         "_cluster_one_redis_fanout_frames_per_s": single["fanout.frames_per_s"],
         "_cluster_masters_cpu_seconds": " ".join(f"{seconds:.3f}" for seconds in by_master),
+        # The first rate of both climbs, comparable even where neither held it (a loaded machine).
+        "_cluster_first_step_p99_ms": steps[0]["p99_ms"],
+        "_cluster_one_redis_first_step_p99_ms": single_steps[0]["p99_ms"],
     }
 
 

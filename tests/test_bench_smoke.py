@@ -101,7 +101,7 @@ def smoke(out: Path, *args: str) -> dict:
         cwd=BASE_DIR,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads((out / "latest.json").read_text())

@@ -11,13 +11,14 @@ and goes to this channel too, because the `offline` is sent to the channels of t
 (the grace check reads them when it decides).
 """
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Sequence
 
 import redis
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisClusterException
 
@@ -29,9 +30,11 @@ from presence.scripts import (
     CHANNEL_LEFT,
     CHANNEL_SEEN,
     CHANNEL_UNSEEN,
+    EPOCH_AGE,
     channel_online_key,
     channels_key,
     presence_key,
+    user_epoch_key,
 )
 from presence.store import Timings, record_failure
 from relay import metrics
@@ -70,9 +73,50 @@ def member_added(
         # and the publish cannot be one script, and announcing after a separate check could follow the
         # user's `offline` and leave a ghost. They hear the user's next transition.
         return
-    if announce(str(channel.environment_id), user.external_id, publish):
+    environment_id = str(channel.environment_id)
+    announced = announce(environment_id, user.external_id, publish)
+    if announced:
         # A count: the ids would be a membership graph in a log file.
         log_event(logger, Event.PRESENCE_ANNOUNCED, user=user.external_id, watchers=len(watchers))
+    elif announced is False and (delay := _rejoin_left(environment_id, user.external_id)):
+        # Redis lost the bucket's data moments ago: the user may be online all the same, their
+        # holder not having re-elected them yet (in silence). Asked again once it has.
+        async_to_sync(_announce_later)(delay, environment_id, user.external_id, publish, len(watchers))
+
+
+def _rejoin_left(environment_id: str, user_id: str) -> float:
+    """Seconds until every live holder has re-elected its users in the user's bucket (0: it has)."""
+    try:
+        age = int(sync_client().register_script(EPOCH_AGE)(keys=[user_epoch_key(environment_id, user_id)]))
+    except (redis.RedisError, RedisClusterException, OSError) as error:
+        record_failure("epoch_age", error)
+        return 0
+    rejoin = Timings.from_settings().rejoin
+    # No epoch: nothing was written in the bucket since Redis lost it (or since its users left).
+    return (rejoin if age < 0 else max(0, rejoin - age)) / 1000
+
+
+# Announcements waiting for a re-election, on the process's event loop (bounded: an API client
+# adding members in bulk right after a data loss queues no more than this).
+_later: set[asyncio.Task] = set()
+MAX_LATER = 10_000
+
+
+async def _announce_later(
+    delay: float, environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
+) -> None:
+    if len(_later) < MAX_LATER:
+        task = asyncio.ensure_future(_announce_after(delay, environment_id, user_id, publish, watchers))
+        _later.add(task)
+        task.add_done_callback(_later.discard)
+
+
+async def _announce_after(
+    delay: float, environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
+) -> None:
+    await asyncio.sleep(delay)
+    if await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish):
+        log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=watchers)
 
 
 def member_removed(sender: type, channel_id: str, user_pk: int, **kwargs: object) -> None:

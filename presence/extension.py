@@ -153,10 +153,12 @@ async def _repair_when_redis_answers(conn: Connection, after: float | None = Non
         # Redis answered; the live holders re-elect their users within this time.
         await actions.service().clock.sleep(after)
     else:
-        # Two answered refreshes: a refresh interval in which every live holder's own refresh
-        # has re-elected its users, should Redis have come back empty.
-        await actions.service().next_answer()
-        await actions.service().next_answer()
+        # Redis answers again; then every live holder's refresh re-elects the users whose keys it
+        # lost (emptied, or expired in a pause longer than the TTL), silently for those watchers
+        # still believe online, within `Timings.rejoin`. Read before that, they would be missing.
+        service = actions.service()
+        await service.next_answer()
+        await service.clock.sleep(service.timings.rejoin / 1000)
     # From here on the connection's transitions queue behind the repair, which reads after them.
     delivery.fanout().gone(conn)
     channel_layer().send_local(conn.channel_name, {"type": REPAIR})

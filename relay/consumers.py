@@ -262,7 +262,10 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             await self._dispatch(message_type, message)
             return
         try:
-            await self._dispatch(message_type, message)
+            # A connection refused after it joined its groups (an app's `admit`) can have taken an
+            # event off the layer while connecting: no app admitted it, so no handler may see it.
+            if self.is_open:
+                await self._dispatch(message_type, message)
         finally:
             # Every other message came from the channel layer: counted off its backlog once handled,
             # so a handler that writes past the queue (presence's fan-out) never overtakes it.

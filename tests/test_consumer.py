@@ -1,5 +1,6 @@
 """The WebSocket consumer: authenticate, acknowledge, answer bad frames, route good ones."""
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -8,7 +9,9 @@ from channels.testing import WebsocketCommunicator
 from pydantic import BaseModel, ConfigDict
 
 from relay import registry
+from relay.asgi import application
 from relay.close_codes import UNAUTHORIZED
+from relay.exceptions import ConnectionRefused
 from relay.layer import channel_layer
 from relay.logging import event_fields
 from relay.tokens import mint_token
@@ -177,3 +180,48 @@ async def test_a_closed_consumers_channel_is_forgotten_though_a_message_arrived_
         assert layer.backlog(channel) == 0
     assert set(layer._get_layer().channels) == before
     await watcher.disconnect()
+
+
+async def test_an_event_taken_off_the_layer_by_a_connection_refused_while_connecting_reaches_no_handler(acme):
+    # An app refuses the connection after its groups were joined, and a message stored in one of
+    # its channels meanwhile was already received: chat never admitted it (no state of its own),
+    # and handling the event anyway ended the application with an exception.
+    fleet = str(acme.channels["fleet"].id)
+    created = {
+        "type": "message.created",
+        "message": {
+            "id": "m",
+            "channel": fleet,
+            "seq": 1,
+            "user": "tuan",
+            "text": "hi",
+            "created_at": "2026-01-01T00:00:00+00:00",
+        },
+    }
+
+    class Refusing(registry.Extension):
+        order = -1  # before every app: the event is the first the connection receives
+
+        async def admit(self, conn) -> None:
+            if conn.user_id == "linh":
+                assert channel_layer().send_local(conn.channel_name, created)
+                await asyncio.sleep(0.05)  # the consumer's receive takes it off the queue
+                raise ConnectionRefused(4403, "refused by the test")
+
+    refusing = registry.extension(Refusing())
+    try:
+        refused = WebsocketCommunicator(application, f"/v1/ws?token={acme.token('linh')}")
+        assert (await refused.connect(timeout=5))[0]
+        assert (await refused.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4403}
+        await refused.send_input({"type": "websocket.disconnect", "code": 1000})
+        await refused.wait(timeout=5)
+        # The same event reaches an admitted connection's handler.
+        before = set(channel_layer()._get_layer().channels)
+        tuan = await open_communicator(acme.token("tuan"))
+        await next_frame(tuan)
+        [channel] = set(channel_layer()._get_layer().channels) - before
+        assert channel_layer().send_local(channel, created)
+        assert await next_frame(tuan) == {"type": "message.created", "payload": created["message"]}
+        await tuan.disconnect()
+    finally:
+        registry.extensions.remove(refusing)

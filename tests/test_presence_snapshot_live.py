@@ -11,6 +11,7 @@ holders re-elected them.
 The cast (tests/conftest.py): in acme, linh and tuan share "fleet" and "general"; linh watches.
 """
 
+import asyncio
 import os
 import signal
 
@@ -154,6 +155,70 @@ async def test_a_watcher_that_connected_while_presence_redis_was_down_learns_who
         await close_all(linh, tuan)
     finally:
         presence_redis.close()
+
+
+async def test_a_watcher_whose_snapshot_redis_did_not_answer_learns_of_a_co_member_re_elected_in_silence(
+    live_instances, acme
+):
+    # Redis is down as linh connects (her snapshot goes out empty) and comes back empty. tuan stays
+    # connected throughout: his instance, frozen for a refresh interval after a's first answer,
+    # re-elects his key in silence only then. linh's repair must read after every live holder
+    # re-elected its users, not at a's own refreshes.
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(ttl=3000, refresh=1000, margin=1500, RELAY_REDIS_URL=server.url))
+        tuan = await connect(b, acme, "tuan")
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            server.stop()
+            linh = await connect(a, acme, "linh")
+            assert linh.of_type("presence.snapshot") == [{"online": [], "status": {}}]
+            server.start()
+            # a's refresh got the emptied Redis's answer (it re-elected linh).
+            await logged(a, "presence.suppressed", user="linh", reason=actions.VANISHED)
+            await asyncio.sleep(1.2)
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
+
+        await linh.wait_for(lambda client: "tuan" in view(client))
+        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(linh, tuan)
+    finally:
+        server.close()
+
+
+async def test_a_user_added_right_after_redis_restarted_empty_is_announced_once_their_holder_re_elects_them(
+    live_instances, acme
+):
+    # tuan stays connected on b, frozen while Redis restarts empty and while he is added to mai's
+    # channel: his key is not back yet, so the addition finds him offline. His holder's refresh
+    # then re-elects him in silence; mai, who shared no channel with him, must still hear it.
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(ttl=3000, refresh=1000, margin=1500, RELAY_REDIS_URL=server.url))
+        await add_user(acme, "mai")
+        ops = await add_channel(acme, "ops", "public", ("mai",))
+        tuan = await connect(b, acme, "tuan")
+        mai = await connect(a, acme, "mai")
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            server.stop()
+            server.start()
+            await logged(a, "presence.suppressed", user="mai", reason=actions.VANISHED)
+            status, _ = http("PUT", f"{a.http_url}/v1/channels/{ops.id}/members/tuan", api_key=acme.api_key)
+            assert status == 201
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
+
+        await mai.wait_for(lambda client: "tuan" in view(client))
+        await logged(a, "presence.announced", user="tuan")
+        probe = await barrier(a, acme, [mai], channel="ops")
+        assert mai.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(mai, tuan, probe)
+    finally:
+        server.close()
 
 
 async def test_a_member_added_while_presence_redis_was_down_learns_who_the_channel_shows_once_it_returns(

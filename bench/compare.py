@@ -3,6 +3,7 @@ a big room's deploy, paced connects. Run by bench/run.py (`--only behaviours rea
 """
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,20 @@ def flicker(world: World, workdir: Path, kind: str) -> dict:
 
 
 def dead_instance(
-    world: World, workdir: Path, kind: str, users: int, per_channel: int, redis_client: Any = None
+    world: World,
+    workdir: Path,
+    kind: str,
+    users: int,
+    per_channel: int,
+    label: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> dict:
     """`users` on an instance that is SIGKILLed; one watcher per channel on each of two survivors.
 
-    Returns the load generator's result: first/last offline after the kill, in ms.
+    `label` names the users and servers (`kind` by default); `env`, more settings for Relay's
+    servers. Returns the load generator's result: first/last offline after the kill, in ms.
     """
-    prefix = f"{kind}-dead{users}"
+    prefix = f"{label or kind}-dead{users}"
     subjects = world.users(f"{prefix}-s", users)
     channel_of: dict[str, str] = {}
     specs = []
@@ -101,7 +109,7 @@ def dead_instance(
         peer = Peer(prefix, workdir, count=3)
         survivors, doomed, stop, url = peer.servers[:2], peer.servers[2], peer.stop, _peer_url(channel_of)
     else:
-        servers = [daphne(f"{prefix}-{index}", workdir, **CHURN_TIMINGS) for index in range(3)]
+        servers = [daphne(f"{prefix}-{index}", workdir, **CHURN_TIMINGS, **(env or {})) for index in range(3)]
         survivors, doomed, url = servers[:2], servers[2], _relay_url
 
         def stop() -> None:
@@ -148,13 +156,15 @@ def phase_behaviours(world: World, workdir: Path, with_peer: bool) -> dict:
     return results
 
 
-def phase_reap(world: World, workdir: Path, sizes: Sizes) -> dict:
+def phase_reap(
+    world: World, workdir: Path, sizes: Sizes, label: str = "", env: Mapping[str, str] | None = None
+) -> dict:
     """A SIGKILLed instance's `reap_users` users, two survivors: when their watchers see each go offline.
 
     Black-box: the timestamps of `offline` frames at watchers. The bound at the bench timings is
     TTL + grace + 2 x refresh (the last refresh before the kill, and one reaper pass).
     """
-    result = dead_instance(world, workdir, "relay", sizes.reap_users, 50)
+    result = dead_instance(world, workdir, "relay", sizes.reap_users, 50, label, env)
     span = max(result["last_ms"] - result["first_ms"], 1.0) / 1000
     bound = sum(int(CHURN_TIMINGS[k]) for k in ("RELAY_PRESENCE_TTL_MS", "RELAY_PRESENCE_GRACE_MS"))
     bound += 2 * int(CHURN_TIMINGS["RELAY_PRESENCE_REFRESH_MS"])

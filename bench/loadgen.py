@@ -101,10 +101,11 @@ class Watcher:
     Relay's frames (`presence.snapshot`, `presence.changed`) and the peer's (`presence`: the
     room's whole member list, bench/peers/asgi.py) alike: a peer frame that adds or drops a
     user counts as that user's transition. `view` is who the client believes online (Relay:
-    the snapshot and every change since); `full_at`, when it last became `expect` users.
+    the snapshot and every change since), kept with `expect` or `track`; `full_at`, when it last
+    became `expect` users; `offline`, how many `offline` frames came for each user, when tracking.
     """
 
-    def __init__(self, url: str, heartbeat: float = 0.0, expect: int = 0) -> None:
+    def __init__(self, url: str, heartbeat: float = 0.0, expect: int = 0, track: bool = False) -> None:
         self.url = url
         self.ws: Any = None
         self.seen: dict[tuple[str, str], float] = {}
@@ -115,7 +116,9 @@ class Watcher:
         self.task: asyncio.Task | None = None
         self.heartbeat = heartbeat
         self.expect = expect
+        self.tracking = track or bool(expect)
         self.view: set[str] = set()
+        self.offline: dict[str, int] = defaultdict(int)
         self.full_at = 0.0
         self.snapshot_bytes = 0
         self.rooms: dict[str, set[str]] = {}
@@ -153,8 +156,12 @@ class Watcher:
                     self.last = now
                     payload = frame["payload"]
                     self.seen.setdefault((payload["user"], payload["state"]), now)
-                    if self.expect:
-                        (self.view.add if payload["state"] == "online" else self.view.discard)(payload["user"])
+                    if self.tracking:
+                        if payload["state"] == "online":
+                            self.view.add(payload["user"])
+                        else:
+                            self.view.discard(payload["user"])
+                            self.offline[payload["user"]] += 1
                 elif kind == "presence":
                     self.frames += 1
                     self.bytes += len(raw)
@@ -162,7 +169,7 @@ class Watcher:
                     self._members(frame["payload"], now)
                 elif kind == "presence.snapshot":
                     self.snapshot_bytes = max(self.snapshot_bytes, len(raw))
-                    if self.expect:
+                    if self.tracking:
                         self.view = set(frame["payload"]["online"])
                 elif kind == "connection.ack":
                     self.acked.set()
@@ -188,10 +195,10 @@ class Watcher:
 
 
 async def _open_many(
-    urls: list[str], concurrency: int, heartbeat: float = 0.0, rate: float = 0.0, expect: int = 0
+    urls: list[str], concurrency: int, heartbeat: float = 0.0, rate: float = 0.0, expect: int = 0, track: bool = False
 ) -> list[Watcher]:
     """Open these connections, `concurrency` at a time or, with `rate`, started at that rate per second."""
-    watchers = [Watcher(url, heartbeat, expect) for url in urls]
+    watchers = [Watcher(url, heartbeat, expect, track) for url in urls]
     semaphore = asyncio.Semaphore(concurrency if not rate else len(urls) or 1)
     started = time.perf_counter()
     done = 0

@@ -49,6 +49,16 @@ SIDE_BY_SIDE = (
     ("seconds a SIGKILLed instance's user stays online", "ghost_seconds", "peer.ghost_seconds"),
 )
 
+# The cluster phase's pairs, measured one after the other in the same run: (what, one Redis, the cluster).
+CLUSTER_BESIDE_ONE_REDIS = (
+    ("transitions/s held (p99 <= 250 ms)", "cluster.one_redis_transitions_max_per_s", "cluster.transitions_max_per_s"),
+    (
+        "a SIGKILLed instance's users seen offline per second",
+        "cluster.one_redis_reap_users_per_s",
+        "cluster.reap_users_per_s",
+    ),
+)
+
 
 def versions(redis_server_version: str) -> dict:
     import channels
@@ -98,12 +108,18 @@ def verdict(targets: Targets, key: str, value: float) -> str:
     return f"{'met' if met else 'MISSED'} ({op} {target})"
 
 
-def side_by_side(results: dict) -> list[str]:
-    """The Relay-against-peer table, for the rows both sides have."""
-    rows = [(what, results[a], results[b]) for what, a, b in SIDE_BY_SIDE if a in results and b in results]
+def side_by_side(results: dict, pairs: tuple = SIDE_BY_SIDE, heads: tuple[str, str] = ("Relay", "peer")) -> list[str]:
+    """A two-column table (Relay against the peer by default), for the rows both sides have."""
+    rows = [(what, results[a], results[b]) for what, a, b in pairs if a in results and b in results]
     if not rows:
         return []
-    return ["| | Relay | peer |", "|---|---|---|", *(f"| {what} | {a} | {b} |" for what, a, b in rows)]
+    return [f"| | {heads[0]} | {heads[1]} |", "|---|---|---|", *(f"| {what} | {a} | {b} |" for what, a, b in rows)]
+
+
+def cluster_beside_one_redis(results: dict) -> list[str]:
+    """The cluster phase's table, when it ran."""
+    table = side_by_side(results, CLUSTER_BESIDE_ONE_REDIS, ("one Redis", "Redis Cluster, 3 masters"))
+    return ["", "## Redis Cluster beside one Redis, same run", "", *table] if table else []
 
 
 def results_table(results: dict, targets: Targets, judged_only: bool = False) -> list[str]:
@@ -153,6 +169,7 @@ def write_results(
         "## Relay and the peer (django-channels-presence-4-0), same run",
         "",
         *(side_by_side(results) or [f"Peer {context['settings']['peer']}."]),
+        *cluster_beside_one_redis(results),
     ]
     lines += ["", "## Supporting numbers", "", "| measurement | value |", "|---|---|"]
     lines += [
@@ -164,7 +181,8 @@ def write_results(
         "",
         "## Churn steps (connect/disconnect pairs per second)",
         "",
-        "Relay, the bare fan-out consumer (bench/bare.py) and the peer under the same load.",
+        "Relay, the bare fan-out consumer (bench/bare.py) and the peer under the same load; the cluster phase's "
+        "climbs, Relay on one Redis and on the cluster, with their own rates.",
         "",
         "CPU: % of one core during the step's window (2 cores = 200 %).",
         "",
@@ -198,6 +216,7 @@ def refresh_docs(results: dict, context: dict, targets: Targets) -> None:
         f"`make bench`, {context['started']}, {machine['cores']} x {machine['cpu']}, {machine['memory_gib']} GiB.",
         "",
         *side_by_side(results),
+        *cluster_beside_one_redis(results),
         "",
         *results_table(results, targets, judged_only=True),
         "",

@@ -20,12 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench import compare, fairness, rooms, status
+from bench import cluster, compare, fairness, rooms, status
 from bench.harness import (
     BASE_DIR,
     CHURN_TIMINGS,
@@ -225,7 +225,13 @@ def watchers_and(watchers: list[dict], subjects: list[str]) -> list[str]:
 
 
 def phase_churn(
-    world: World, workdir: Path, sizes: Sizes, redis_client: Any, kind: str = "relay"
+    world: World,
+    workdir: Path,
+    sizes: Sizes,
+    redis_nodes: Sequence[Any],
+    kind: str = "relay",
+    label: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> tuple[dict, list[dict]]:
     """Raise the connect/disconnect rate until online p99 passes 250 ms or the rate cannot be held.
 
@@ -233,36 +239,44 @@ def phase_churn(
     servers, the stack's own ceiling for the same load (`_bare_transitions_max_per_s`,
     `_bare_fanout_frames_per_s`); `peer`, against the Django peer (bench/peers/), from its own
     rates (`peer.transitions.max_per_s`, `peer.frames_per_transition`).
+    `redis_nodes`: a client of each Redis the servers use (each master of a cluster), whose CPU
+    each step records; `label` names the climb's servers, users and steps (`kind` by default);
+    `env`, more settings for Relay's servers (the cluster phase's RELAY_REDIS_CLUSTER_NODES).
     """
-    name = f"{kind}-churn"
+    label = label or kind
+    name = f"{label}-churn"
     peer = None
     if kind == "peer":
         peer = Peer(name, workdir)
         a, b = peer.servers
     else:
         app = {"app": "bench.bare:application"} if kind == "bare" else {}
-        a = daphne(f"{name}-a", workdir, **app, **CHURN_TIMINGS)
-        b = daphne(f"{name}-b", workdir, **app, **CHURN_TIMINGS)
+        a = daphne(f"{name}-a", workdir, **app, **CHURN_TIMINGS, **(env or {}))
+        b = daphne(f"{name}-b", workdir, **app, **CHURN_TIMINGS, **(env or {}))
     steps, best = [], None
     try:
         if kind == "relay":
-            warm_up(world, "churn", a, b)
+            warm_up(world, name, a, b)
         for rate in sizes.peer_churn_rates if kind == "peer" else sizes.churn_rates:
             job = _churn_job(world, a, b, f"{name}{rate}", rate, sizes.churn_seconds, kind)
             load = LoadGen(job)
             load.expect("started")
-            servers_before, redis_before = cpu_seconds(a.pid) + cpu_seconds(b.pid), redis_cpu_seconds(redis_client)
+            servers_before = cpu_seconds(a.pid) + cpu_seconds(b.pid)
+            redis_before = [redis_cpu_seconds(node) for node in redis_nodes]
             load.expect("ended")
             servers = cpu_seconds(a.pid) + cpu_seconds(b.pid) - servers_before
-            redis_used = redis_cpu_seconds(redis_client) - redis_before
+            redis_used = [
+                redis_cpu_seconds(node) - before for node, before in zip(redis_nodes, redis_before, strict=True)
+            ]
             result = load.finish()
             window = result["seconds"]
             # Cores busy during the window, in % of one core: the two instances, the load generator, Redis.
             result.update(
-                server=kind,
+                server=label,
                 cpu_pct_servers=round(100 * servers / window),
                 cpu_pct_loadgen=round(100 * result["cpu_seconds"] / window),
-                cpu_pct_redis=round(100 * redis_used / window),
+                cpu_pct_redis=round(100 * sum(redis_used) / window),
+                redis_cpu_seconds_by_node=redis_used,
             )
             steps.append(result)
             held = result["achieved_rate"] >= 0.9 * rate and result["missing_online"] == 0
@@ -748,7 +762,7 @@ def run_churn(bench: Bench, sizes: Sizes) -> dict:
     results: dict = {}
     for kind in ("relay", "bare", *(("peer",) if bench.with_peer else ())):
         bench.redis.flushall()
-        churn, steps = phase_churn(bench.world, bench.workdir, sizes, bench.redis, kind)
+        churn, steps = phase_churn(bench.world, bench.workdir, sizes, [bench.redis], kind)
         results.update(churn)
         bench.steps += steps
     return results
@@ -795,6 +809,12 @@ PHASES = (
         targets=rooms.TARGETS,
     ),
     Phase("fairness", fairness.run, sizes=fairness.SIZES, targets=fairness.TARGETS),
+    Phase(
+        "cluster",
+        lambda bench, sizes: cluster.run(bench, sizes, phase_churn),
+        sizes=cluster.SIZES,
+        targets=cluster.TARGETS,
+    ),
     Phase(
         "status",
         lambda bench, sizes: status.phase_status(bench.world, bench.workdir, bench.mode),

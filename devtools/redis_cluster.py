@@ -61,6 +61,10 @@ class EmbeddedRedisCluster:
             # Promote a replica however long it was cut off: the data is ephemeral anyway.
             "--cluster-replica-validity-factor",
             "0",
+            # CLUSTER SLOTS lists a replica only once it has replicated something (the relay's
+            # layer subscribes on replicas it lists); the master's pings count, every second.
+            "--repl-ping-replica-period",
+            "1",
         )
         # A password on every node (and between them, for replication), as managed clusters have.
         self.password = password
@@ -104,6 +108,7 @@ class EmbeddedRedisCluster:
                 timeout=timeout,
             )
             self.wait_until_ok(timeout)
+            self._wait_replicas_listed(timeout)
         except BaseException:
             # No node outlives a cluster that did not come up.
             self.close()
@@ -151,6 +156,28 @@ class EmbeddedRedisCluster:
                 }
             )
         return view
+
+    def _wait_replicas_listed(self, timeout: float) -> None:
+        """Wait until every node lists a replica for every slot range in CLUSTER SLOTS, as clients read the map.
+
+        A cluster a method leaves whole is then the same for the next test: the relay's layer
+        subscribes on the replicas it is told of.
+        """
+        deadline = time.monotonic() + timeout
+        while not all(self._replicas_listed(node) for node in self._live_nodes()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CLUSTER SLOTS did not list every replica within {timeout}s")
+            time.sleep(0.05)
+
+    def _replicas_listed(self, node: EmbeddedRedis) -> bool:
+        client = self._client(node)
+        try:
+            ranges = client.execute_command("CLUSTER SLOTS")
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+        return all(len(entry) > 3 for entry in ranges)
 
     def _ok_everywhere(self) -> bool:
         for node in self._live_nodes():
@@ -217,6 +244,14 @@ class EmbeddedRedisCluster:
                     return serving
         raise RuntimeError(f"no live master serves slot {slot}")
 
+    def shard_of(self, key: str) -> list[EmbeddedRedis]:
+        """The live nodes that hear `key`'s shard channel now: the master of its slot, then its replicas."""
+        master = self.master_of(key)
+        view = self._nodes_view(master)
+        master_id = next(entry["id"] for entry in view if "myself" in entry["flags"])
+        ports = {entry["port"] for entry in view if entry["master_id"] == master_id}
+        return [master, *(node for node in self._live_nodes() if node.port in ports)]
+
     def move_slot_of(self, key: str, to: EmbeddedRedis) -> None:
         """Move the (keyless) slot of `key` to the master `to`, as `redis-cli --cluster reshard` would."""
         source = self.master_of(key)
@@ -252,6 +287,7 @@ class EmbeddedRedisCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"port {replica.port} did not take over from port {master.port} within {timeout}s")
             time.sleep(0.05)
+        self._wait_replicas_listed(timeout)
         return replica
 
     def _replica_of(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
@@ -293,6 +329,18 @@ class EmbeddedRedisCluster:
             time.sleep(0.05)
         return replica
 
+    def freeze_replica(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
+        """SIGSTOP `master`'s replica and wait until the master takes it for failed; return the replica."""
+        replica = self._replica_of(master)
+        os.kill(replica._process.pid, signal.SIGSTOP)
+        self._frozen.add(replica.port)
+        deadline = time.monotonic() + timeout
+        while not any(entry["port"] == replica.port and "fail" in entry["flags"] for entry in self._nodes_view(master)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"frozen port {replica.port} was not taken for failed within {timeout}s")
+            time.sleep(0.05)
+        return replica
+
     def thaw(self, node: EmbeddedRedis, timeout: float = 30.0) -> None:
         """SIGCONT a frozen node and wait until it has rejoined as a replica."""
         os.kill(node._process.pid, signal.SIGCONT)
@@ -303,6 +351,7 @@ class EmbeddedRedisCluster:
                 raise RuntimeError(f"port {node.port} did not rejoin the cluster within {timeout}s")
             time.sleep(0.05)
         self.wait_until_ok(timeout)
+        self._wait_replicas_listed(timeout)
 
     def _promoted(self, replica: EmbeddedRedis) -> bool:
         entry = next(entry for entry in self._nodes_view(replica) if "myself" in entry["flags"])
@@ -317,6 +366,24 @@ class EmbeddedRedisCluster:
                 raise RuntimeError(f"port {node.port} did not rejoin the cluster within {timeout}s")
             time.sleep(0.05)
         self.wait_until_ok(timeout)
+        self._wait_replicas_listed(timeout)
+
+    def stop_shard(self, master: EmbeddedRedis) -> EmbeddedRedis:
+        """SIGKILL `master`'s replica, then `master`: nobody is left to take its slots; return the replica."""
+        replica = self._replica_of(master)
+        replica.kill()
+        master.kill()
+        return replica
+
+    def start_shard_empty(self, master: EmbeddedRedis, replica: EmbeddedRedis, timeout: float = 30.0) -> None:
+        """Start a shard that `stop_shard` stopped, with no data: a master that lost it (and its replica's).
+
+        `master` comes back first, empty (persistence is off), with its nodes.conf: the same node
+        id, owning its slots again. Then `replica`, which copies the empty data set from it.
+        """
+        master.start()
+        self.wait_until_ok(timeout)
+        self.restart(replica, timeout)
 
     def _rejoined(self, node: EmbeddedRedis) -> bool:
         try:

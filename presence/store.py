@@ -48,7 +48,7 @@ from presence.scripts import (
 from relay import metrics, redis_clients
 from relay.batching import GroupCommit
 from relay.logging import Event, log_event
-from relay.transport.cluster import cluster_client, queue_script
+from relay.transport.cluster import closed_under_a_write, cluster_client, queue_script
 from relay.transport.hiredis import pack_with_hiredis
 from webhooks.stream import bucket_stream_keys, user_stream_keys
 
@@ -249,6 +249,13 @@ class PresenceStore:
             # RuntimeError: under uvloop, a write on a connection that a reset has just closed
             # (before redis-py noticed) raises it instead of a ConnectionError. The same failure.
             # RedisClusterException: a cluster whose slot has no master yet (a failover).
+            record_failure(op, error)
+            return None
+        except AttributeError as error:
+            # A connection another task disconnected (a cluster client closes them all when one
+            # node fails): relay/transport/cluster.py, `closed_under_a_write`.
+            if not closed_under_a_write(error):
+                raise
             record_failure(op, error)
             return None
         finally:

@@ -157,12 +157,15 @@ if RELAY_REDIS_CLUSTER_NODES and RELAY_REDIS_SENTINELS:
 RELAY_PRESENCE_CLUSTER_NODES = [] if env_str("RELAY_PRESENCE_REDIS_URL") else RELAY_REDIS_CLUSTER_NODES
 
 
-def channel_layers_for(url: str, cluster_nodes: list[tuple[str, int]] | None = None) -> dict:
+def channel_layers_for(
+    url: str, cluster_nodes: list[tuple[str, int]] | None = None, publish_retry_ms: int = 30_000
+) -> dict:
     """Return the CHANNEL_LAYERS setting for a Redis at `url` (through the sentinels, when set), or a cluster.
 
     One PUBLISH per group send and one subscription per group per process: each instance
     fans out to its local sockets, as docs/presence.md, Fan-out describes. On a Redis Cluster
-    (`cluster_nodes`), the same with SPUBLISH and SSUBSCRIBE (relay/transport/cluster.py).
+    (`cluster_nodes`), the same with SPUBLISH and SSUBSCRIBE (relay/transport/cluster.py), a
+    send whose slot has no master retried for up to `publish_retry_ms`.
     """
     if cluster_nodes:
         return {
@@ -171,6 +174,7 @@ def channel_layers_for(url: str, cluster_nodes: list[tuple[str, int]] | None = N
                 "CONFIG": {
                     "cluster_nodes": [list(node) for node in cluster_nodes],
                     "cluster_options": cluster_options(url),
+                    "publish_retry_seconds": publish_retry_ms / 1000,
                     "prefix": "relay",
                 },
             }
@@ -183,8 +187,6 @@ def channel_layers_for(url: str, cluster_nodes: list[tuple[str, int]] | None = N
         }
     }
 
-
-CHANNEL_LAYERS = channel_layers_for(RELAY_REDIS_URL, RELAY_REDIS_CLUSTER_NODES)
 
 # ── Presence (docs/contract.md, 4. Presence semantics) ────────────────────────
 # The production defaults, asserted once as constants by tests/test_settings.py.
@@ -211,6 +213,14 @@ if RELAY_PRESENCE_REFRESH_MS >= RELAY_PRESENCE_TTL_MS:
         f"(got refresh {RELAY_PRESENCE_REFRESH_MS} >= TTL {RELAY_PRESENCE_TTL_MS}): "
         "a key refreshed no faster than it expires drops live users"
     )
+
+# On a Redis Cluster, a send waits for its slot's new master as long as presence rides out a
+# failover (keys refreshed one interval before it began outlive it by TTL - refresh), and no
+# longer: presence's own sends wait too, and its refresh behind them (docs/scaling.md, The
+# channel layer on Redis Cluster).
+CHANNEL_LAYERS = channel_layers_for(
+    RELAY_REDIS_URL, RELAY_REDIS_CLUSTER_NODES, RELAY_PRESENCE_TTL_MS - RELAY_PRESENCE_REFRESH_MS
+)
 
 # ── Connections ──────────────────────────────────────────────────────────────
 # What a connection may have queued and not yet written to its socket before it is closed with

@@ -36,8 +36,8 @@ async def make_layer(redis_cluster: EmbeddedRedisCluster) -> AsyncIterator[Calla
 
 
 def _shard_subscribers(cluster: EmbeddedRedisCluster, channel: str) -> int:
-    """The subscribers of a shard channel on the master serving it now."""
-    return _subscribers_on(cluster.master_of(channel), channel)
+    """The subscribers of a shard channel on the nodes that hear it now: its slot's master and replicas."""
+    return sum(_subscribers_on(node, channel) for node in cluster.shard_of(channel))
 
 
 def _subscribers_on(node: EmbeddedRedis, channel: str) -> int:
@@ -52,7 +52,7 @@ async def test_a_group_add_returns_once_the_groups_master_has_the_subscription(m
     here, elsewhere = make_layer(), make_layer()
     channel = await here.new_channel()
     await here.group_add_many(GROUPS, channel)
-    # No wait: each group's master already counts this process among its shard channel's subscribers.
+    # No wait: each group's shard already counts this process among its shard channel's subscribers.
     assert all(_shard_subscribers(redis_cluster, f"relay__group__{group}") == 1 for group in GROUPS)
     # The groups spread over every master of the cluster.
     assert len({redis_cluster.master_of(f"relay__group__{group}").port for group in GROUPS}) == 3
@@ -78,7 +78,7 @@ async def test_a_discarded_member_hears_nothing_more_and_the_other_member_still_
     await here.group_add_many(["g.a", "g.shared"], first)
     await here.group_add_many(["g.shared"], second)
     await here.group_discard_many(["g.a", "g.shared"], first)
-    # g.a has nobody left here: its master no longer counts this process.
+    # g.a has nobody left here: its shard no longer counts this process.
     assert _shard_subscribers(redis_cluster, "relay__group__g.a") == 0
     await elsewhere.group_send_many([("g.a", {"type": "gone"}), ("g.shared", {"type": "still"})])
     assert await here.receive(second) == {"type": "still"}
@@ -120,33 +120,31 @@ async def test_a_slot_moving_to_another_master_takes_its_subscriptions_along(mak
     moving = "relay__group__g.moving"
     await elsewhere.group_send("g.moving", {"type": "before"})
     assert await here.receive(channel) == {"type": "before"}
-    source = redis_cluster.master_of(moving)
-    target = next(master for master in redis_cluster.masters() if master.port != source.port)
+    source = redis_cluster.shard_of(moving)
+    target = next(master for master in redis_cluster.masters() if master.port != source[0].port)
     await asyncio.to_thread(redis_cluster.move_slot_of, moving, target)
-    # The old master dropped the subscription when it lost the slot; the layer makes it again
+    # The old shard dropped the subscription when it lost the slot; the layer makes it again
     # on the new one, by itself.
     await until(lambda: _shard_subscribers(redis_cluster, moving) == 1)
     await elsewhere.group_send_many([("g.moving", {"type": "moved"}), ("g.staying", {"type": "stayed"})])
     received = [await asyncio.wait_for(here.receive(channel), 10) for _ in range(2)]
     assert sorted(message["type"] for message in received) == ["moved", "stayed"]
-    # Still subscribed once: the old master counts nobody on it.
-    source_client = redis.Redis(host="127.0.0.1", port=source.port)
-    try:
-        assert dict(source_client.execute_command("PUBSUB SHARDNUMSUB", moving))[moving.encode()] == 0
-    finally:
-        source_client.close()
+    # Still subscribed once: the old shard's nodes count nobody.
+    assert [_subscribers_on(node, moving) for node in source] == [0, 0]
 
 
-async def test_a_graceful_failover_moves_every_subscription_to_the_new_master_once(make_layer, redis_cluster):
+async def test_a_graceful_failover_leaves_every_subscription_on_the_replica_that_takes_over(
+    make_layer, redis_cluster, caplog
+):
+    caplog.set_level(logging.INFO, logger="relay.transport.cluster")
     here, elsewhere = make_layer(), make_layer()
     channel = await here.new_channel()
     await here.group_add_many(GROUPS, channel)
     old = redis_cluster.master_of(f"relay__group__{GROUPS[0]}")
     on_old = [f"relay__group__{group}" for group in GROUPS if redis_cluster.master_of(f"relay__group__{group}") is old]
-    # The old master becomes its replica's replica and drops its shard channels' subscribers; the
-    # layer subscribes them on the new master, once each.
+    # The subscriptions are on the replica, which becomes the master: nothing to move.
     new = await asyncio.to_thread(redis_cluster.fail_over, old)
-    await until(lambda: all(_subscribers_on(new, name) == 1 for name in on_old))
+    assert all(_subscribers_on(new, name) == 1 for name in on_old)
     assert all(_subscribers_on(old, name) == 0 for name in on_old)
     await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
     received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
@@ -154,9 +152,10 @@ async def test_a_graceful_failover_moves_every_subscription_to_the_new_master_on
     # Heard once each: what follows them is the next thing heard.
     await elsewhere.send(channel, {"type": "direct"})
     assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "direct"}
+    assert not _logged(caplog, "layer.disconnected")
 
 
-async def test_a_master_gone_silent_is_noticed_and_its_subscriptions_move_to_its_successor(
+async def test_a_node_gone_silent_under_subscriptions_is_noticed_and_they_move_to_its_master(
     make_layer, redis_cluster, caplog
 ):
     caplog.set_level(logging.INFO, logger="relay.transport.cluster")
@@ -164,11 +163,19 @@ async def test_a_master_gone_silent_is_noticed_and_its_subscriptions_move_to_its
     channel = await here.new_channel()
     await here.group_add_many(GROUPS, channel)
     # Frozen, not killed: its sockets stay open and say nothing, as a host that vanished.
-    silent = redis_cluster.master_of(f"relay__group__{GROUPS[0]}")
-    await asyncio.to_thread(redis_cluster.freeze_master, silent)
+    master = redis_cluster.master_of(f"relay__group__{GROUPS[0]}")
+    on_it = [
+        f"relay__group__{group}" for group in GROUPS if redis_cluster.master_of(f"relay__group__{group}") is master
+    ]
+    # They are on the master's replica.
+    replica = redis_cluster.shard_of(on_it[0])[1]
+    assert all(_subscribers_on(replica, name) == 1 for name in on_it)
+    silent = await asyncio.to_thread(redis_cluster.freeze_replica, master)
+    assert silent.port == replica.port
     try:
         await until(lambda: _logged(caplog, "layer.reconnected"))
         assert "PINGs unanswered" in _logged(caplog, "layer.disconnected")[0]["error"]
+        assert all(_subscribers_on(master, name) == 1 for name in on_it)
         await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
         received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
         assert sorted(message["group"] for message in received) == sorted(GROUPS)
@@ -176,7 +183,9 @@ async def test_a_master_gone_silent_is_noticed_and_its_subscriptions_move_to_its
         await asyncio.to_thread(redis_cluster.thaw, silent)
 
 
-async def test_a_master_failing_over_loses_no_subscription(make_layer, redis_cluster, caplog):
+async def test_sends_while_a_master_fails_over_wait_for_its_successor_and_are_heard_once_in_order(
+    make_layer, redis_cluster, caplog
+):
     caplog.set_level(logging.INFO, logger="relay.transport.cluster")
     here, elsewhere = make_layer(), make_layer()
     channel = await here.new_channel()
@@ -185,17 +194,33 @@ async def test_a_master_failing_over_loses_no_subscription(make_layer, redis_clu
     await elsewhere.group_send(GROUPS[0], {"type": "before"})
     assert await here.receive(channel) == {"type": "before"}
     victim = redis_cluster.master_of(f"relay__group__{GROUPS[0]}")
-    await asyncio.to_thread(redis_cluster.kill_master, victim)
+    on_victim = [
+        f"relay__group__{group}" for group in GROUPS if redis_cluster.master_of(f"relay__group__{group}") is victim
+    ]
+    successor = redis_cluster.shard_of(f"relay__group__{GROUPS[0]}")[1]
+    killing = asyncio.ensure_future(asyncio.to_thread(redis_cluster.kill_master, victim))
+    sent = 0
     try:
-        await until(lambda: _logged(caplog, "layer.reconnected"))
-        assert _logged(caplog, "layer.disconnected")
-        # Every group subscribed before the failover hears what is sent after it.
-        await elsewhere.group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
-        received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
-        assert sorted(message["group"] for message in received) == sorted(GROUPS)
+        await until(lambda: not victim.running)
+        # One after another, while the slot has no master and after: each send returns once sent.
+        while not killing.done() or sent < 3:
+            await elsewhere.group_send(GROUPS[0], {"type": "t", "n": sent})
+            sent += 1
+        await killing
+        # Every group subscribed before the failover hears what is sent after it, without
+        # having been subscribed again: its subscription was on the replica that took over.
+        await elsewhere.group_send_many([(group, {"type": "after", "group": group}) for group in GROUPS])
+        received = [await asyncio.wait_for(here.receive(channel), 10) for _ in range(sent + len(GROUPS))]
+        assert [message["n"] for message in received if message["type"] == "t"] == list(range(sent))
+        assert sorted(message["group"] for message in received if message["type"] == "after") == sorted(GROUPS)
         await elsewhere.send(channel, {"type": "direct"})
         assert await asyncio.wait_for(here.receive(channel), 10) == {"type": "direct"}
+        assert all(_subscribers_on(successor, name) == 1 for name in on_victim)
+        # The sender met the dead master and waited for the new one.
+        assert "Connection" in _logged(caplog, "layer.disconnected")[0]["error"]
+        assert _logged(caplog, "layer.reconnected")
     finally:
+        await killing
         await asyncio.to_thread(redis_cluster.restart, victim)
 
 

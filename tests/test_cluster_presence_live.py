@@ -12,8 +12,13 @@ import itertools
 import time
 
 import pytest
+import redis
 
-from presence.scripts import presence_key
+from devtools.embedded_redis import EmbeddedRedis
+from devtools.redis_cluster import EmbeddedRedisCluster
+from presence import actions
+from presence.keys import user_bucket
+from presence.scripts import channel_online_key, connections_key, epoch_key, presence_key, user_epoch_key
 from tests.support import (
     GRACE,
     REFRESH,
@@ -174,3 +179,111 @@ async def test_a_presence_master_killed_under_load_makes_no_false_offline_and_a_
     # The failover was seen: some presence call failed against the dead master.
     assert lines([a, b], "presence.failed")
     await close_all(linh, *held, tuan, probe)
+
+
+def on_master(
+    cluster: EmbeddedRedisCluster, master: EmbeddedRedis, environment: str, prefix: str, count: int
+) -> list[str]:
+    """`count` user ids starting with `prefix` whose presence keys live on `master`."""
+    names = (f"{prefix}-{n}" for n in itertools.count())
+    return list(
+        itertools.islice(
+            (name for name in names if cluster.master_of(presence_key(environment, name)).port == master.port), count
+        )
+    )
+
+
+def client_of(node: EmbeddedRedis) -> redis.Redis:
+    """A plain client of one node (the master of the keys a test reads)."""
+    return redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=1)
+
+
+@pytest.mark.cluster
+async def test_a_master_restarted_empty_flaps_nobody_who_stayed_and_a_leaver_is_announced_once(
+    live_instances, acme, redis_cluster, closing
+):
+    # A single presence Redis restarting empty (tests/test_presence_operations.py,
+    # `test_redis_losing_its_data_before_a_grace_check_makes_no_flap`), for one master's buckets:
+    # it and its replica die, and it comes back owning its slots with no data, no replica promoted.
+    # A refresh interval longer than the check's delay: b's grace check for the twin runs before
+    # a's refresh has re-elected him in the emptied buckets, and only the epoch tells it so.
+    grace, ttl, refresh = 600, 6000, 2000
+    a, b = live_instances(2, **on_cluster(redis_cluster, **timings(grace=grace, ttl=ttl, refresh=refresh)))
+    environment = str(acme.environment.id)
+    general = str(acme.channels["general"].id)
+    # The master of general's online set too: that set is lost with the buckets.
+    victim = redis_cluster.master_of(channel_online_key(general))
+    other = next(node for node in redis_cluster.masters() if node.port != victim.port)
+    # Users of the victim's buckets who stay, one who stays on a and leaves b just before the
+    # outage, one who leaves during it; and users of another master's buckets.
+    staying = on_master(redis_cluster, victim, environment, "stay", 4)
+    [twin] = on_master(redis_cluster, victim, environment, "twin", 1)
+    [leaver] = on_master(redis_cluster, victim, environment, "leaver", 1)
+    elsewhere = on_master(redis_cluster, other, environment, "far", 2)
+    for user_id in (*staying, twin, leaver, *elsewhere):
+        await add_user(acme, user_id, ("general",))
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
+    for n, user_id in enumerate((*staying, *elsewhere)):
+        await closing(connect(a if n % 2 else b, acme, user_id))
+    twin_on_a = await closing(connect(a, acme, twin))
+    twin_on_b = await closing(connect(b, acme, twin))
+    going = await closing(connect(b, acme, leaver))
+    for user_id in ("tuan", *staying, twin, leaver, *elsewhere):
+        assert await heard(linh, user_id, 1) == ["online"]
+    lost_epoch = user_epoch_key(environment, twin)
+    kept_epoch = epoch_key(user_bucket(environment, elsewhere[0]))
+    victim_client, other_client = client_of(victim), client_of(other)
+    before = victim_client.get(lost_epoch), other_client.get(kept_epoch)
+    assert all(before)
+
+    # Right after a's refresh (it rewrites its connection's expiry), the twin leaves b; once
+    # that close's release is done, the shard dies.
+    conns = connections_key(environment, twin)
+    held_on_a = twin_on_a.of_type("connection.ack")[0]["connection_id"]
+    held_on_b = twin_on_b.of_type("connection.ack")[0]["connection_id"]
+    score = victim_client.zscore(conns, held_on_a)
+    await until(lambda: victim_client.zscore(conns, held_on_a) != score, timeout=refresh / 1000 + WAIT)
+    await twin_on_b.close()
+    await until(lambda: victim_client.zscore(conns, held_on_b) is None)
+    victim_client.close()
+    replica = await asyncio.to_thread(redis_cluster.stop_shard, victim)
+    try:
+        await going.close()
+        await logged(b, "presence.failed", op="release")
+    finally:
+        await asyncio.to_thread(redis_cluster.start_shard_empty, victim, replica)
+    # The victim's buckets start new epochs, the other master's keep theirs; the twin's grace
+    # check sees it and asks again after a refresh instead of saying `offline`.
+    await logged(b, "presence.suppressed", user=twin, reason=actions.EPOCH_CHANGED)
+    victim_client = client_of(victim)
+    assert victim_client.get(lost_epoch) not in (None, before[0])
+    assert other_client.get(kept_epoch) == before[1]
+    victim_client.close()
+    other_client.close()
+    # The live holders re-elect the users of the lost buckets.
+    for user_id in (twin, *staying):
+        holder = a if user_id == twin or user_id in staying[1::2] else b
+        await logged(
+            holder, "presence.suppressed", user=user_id, reason=actions.VANISHED, timeout=refresh / 1000 + WAIT
+        )
+    await logged(b, "presence.suppressed", user=twin, reason=actions.STILL_OPEN, timeout=refresh / 1000 + WAIT)
+    # The leaver is announced once, whichever script decides.
+    assert await heard(linh, leaver, 2, timeout=(ttl + grace + 2 * refresh) / 1000 + WAIT) == ["online", "offline"]
+    probe = await barrier(a, acme, [linh])
+    stayed = ("tuan", *staying, twin, *elsewhere)
+    assert {user_id: states(linh, user_id) for user_id in stayed} == {user_id: ["online"] for user_id in stayed}
+    assert states(linh, leaver) == ["online", "offline"]
+    # The channel's online set, rebuilt by the refresh, lists who stayed and not the leaver.
+    status, body = http("GET", f"{a.http_url}/v1/channels/{general}/presence", api_key=acme.api_key)
+    assert status == 200
+    assert set(stayed) <= set(body["online"])
+    assert leaver not in body["online"]
+    assert sorted(line["state"] for line in lines([a, b], "presence.published", user=leaver)) == ["offline", "online"]
+    assert lines([a, b], "presence.published", state="offline") == lines(
+        [a, b], "presence.published", user=leaver, state="offline"
+    )
+    # Every failure met during the outage was logged as one, none ended a task.
+    assert lines([a, b], "presence.failed")
+    assert all("Traceback" not in instance.log_path.read_text() for instance in (a, b))
+    await close_all(linh, tuan, probe)

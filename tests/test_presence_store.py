@@ -8,6 +8,7 @@ import asyncio
 import uuid
 
 import pytest
+from redis.asyncio.connection import Connection
 
 from presence import fabric
 from presence.announce import announce
@@ -449,3 +450,21 @@ def test_the_memory_of_parsed_copies_stays_bounded(monkeypatch):
     for index in range(10):
         assert parse_transition(transition_message(f"u{index}", "online", str(uuid.uuid4()), channel)) is not None
         assert 1 <= len(fabric._parsed) <= 4
+
+
+async def test_a_connection_written_on_after_another_task_disconnected_it_is_a_failure_not_a_crash(stores, caplog):
+    # What redis-py 6.4 raises when a cluster client's failing command disconnects a connection
+    # another command is writing on: its writer is None, as a connection never opened has.
+    closed = Connection(host="127.0.0.1", port=1)
+    assert await stores[0].call("grace_check", lambda: closed._send_packed_command([b"PING\r\n"])) is None
+    [failure] = events(caplog, "presence.failed")
+    assert failure["op"] == "grace_check"
+    assert "writelines" in failure["error"]
+
+    # An AttributeError of Relay's own is a bug, and still raises.
+    async def broken() -> None:
+        return None.missing  # type: ignore[attr-defined]
+
+    with pytest.raises(AttributeError):
+        await stores[0].call("grace_check", broken)
+    assert len(events(caplog, "presence.failed")) == 1

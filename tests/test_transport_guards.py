@@ -133,6 +133,22 @@ def test_redis_pys_asyncio_cluster_client_still_has_what_the_cluster_layer_reads
     connection = node.connection_class(**node.connection_kwargs)
     assert (connection.host, connection.port) == ("127.0.0.1", 1)
     assert callable(_wrap_close)
+    # A slot's nodes, its master first and then its replicas: where the layer subscribes.
+    assert client.nodes_manager.slots_cache == {}
+    source = inspect.getsource(NodesManager.initialize)
+    assert "nodes_for_slot.append(target_node)" in source
+    assert "nodes_for_slot.append(target_replica_node)" in source
+    # The publishing client is built without retries: redis-py's pipeline retry sends again every
+    # command whose answer is falsy (an SPUBLISH that no client on that node heard) with the failed ones.
+    assert "not cmd.result" in inspect.getsource(redis.asyncio.cluster.PipelineStrategy._execute)
+
+
+def test_redis_pys_asyncio_connection_still_writes_on_a_writer_a_disconnect_cleared():
+    # relay.transport.cluster.closed_under_a_write takes the AttributeError for a failure
+    # (redis/redis-py#3546); once redis-py raises ConnectionError there (redis/redis-py#4288), it can go.
+    from redis.asyncio.connection import Connection
+
+    assert "self._writer.writelines(" in inspect.getsource(Connection._send_packed_command)
 
 
 # ── websocket options: Daphne still leaves those autobahn options alone ───────

@@ -166,6 +166,8 @@ class PresenceService:
         self._answered: asyncio.Future | None = None
         # When (wall clock, ms) an election here was first answered (`_unsettled`).
         self._first_answer_ms: float | None = None
+        # Until when (monotonic s) a read may miss users still to be re-elected (`unsettled_for`).
+        self._settles_at = 0.0
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
@@ -252,6 +254,18 @@ class PresenceService:
         if now_ms - election.epoch_age_ms <= self._first_answer_ms:
             return 0
         return max(0, self.timings.rejoin - election.epoch_age_ms)
+
+    def _settling(self, left_ms: float) -> None:
+        self._settles_at = max(self._settles_at, time.monotonic() + left_ms / 1000)
+
+    def unsettled_for(self) -> float:
+        """Seconds during which a read of who is online may still miss users Redis lost lately.
+
+        Learnt from this instance's refresh finding its users' keys gone (Redis emptied, or paused
+        past the TTL; a young epoch alone is no sign, as the first user of a bucket starts one):
+        every live holder has re-elected its users `Timings.rejoin` after that.
+        """
+        return max(0.0, self._settles_at - time.monotonic())
 
     async def disconnect(self, conn: Connection) -> None:
         """A connection closed: free its slot and, if it was the user's last here, arm the grace check."""
@@ -543,6 +557,8 @@ class PresenceService:
             held.written = channels
         for name in unwritten:
             snapshot[name][1].written = None  # sent again next time
+        if vanished:
+            self._settling(self.timings.rejoin)
         for name, had_marker in vanished:
             subject, held, _, _ = snapshot[name]
             suppressed(subject[1], "online", VANISHED)

@@ -27,6 +27,8 @@ REPAIR = "presence.repair"
 OCCUPANCY_KEY = "presence.occupancy"
 # For how long (ms) the snapshot read at the election may miss users still to be re-elected.
 UNSETTLED_KEY = "presence.unsettled"
+# The event, on the connection's own queue, that tells it who a channel it joined made visible.
+ANNOUNCE_CHANNEL = "presence.announce_channel"
 
 
 class PresenceExtension(registry.Extension):
@@ -105,9 +107,12 @@ class PresenceExtension(registry.Extension):
         large = await delivery.read_large_channel_ids({channel_id})
         delivery.fanout().modes({channel_id}, large)
         if not large:
-            if not await reads.announce_new_co_members(conn, channel_id):
-                # Redis did not answer: who the new channel made visible is told with the repair.
-                _owe_repair(conn)
+            if settling := actions.service().unsettled_for():
+                # Redis lost its data moments ago: co-members not re-elected yet would be missed,
+                # and their re-election is silent. Told once every live holder has re-elected.
+                _later(conn, settling, {"type": ANNOUNCE_CHANNEL, "channel": channel_id})
+            else:
+                await _announce_channel(conn, channel_id)
             return
         # A large channel is counted, not named: its count now, then as it changes.
         counts = await actions.service().store.occupancy([channel_id])
@@ -139,6 +144,24 @@ async def presence_transition(conn: Connection, message: dict) -> None:
 async def presence_status_change(conn: Connection, message: dict) -> None:
     """A status change queued for this connection: delivered as `Fanout` delivers the others."""
     await delivery.deliver(conn, message, functools.partial(parse_fabric, message))
+
+
+async def _announce_channel(conn: Connection, channel_id: str) -> None:
+    if not await reads.announce_new_co_members(conn, channel_id):
+        # Redis did not answer: who the new channel made visible is told with the repair.
+        _owe_repair(conn)
+
+
+def _later(conn: Connection, delay: float, message: dict) -> None:
+    """Queue `message` on the connection's own queue after `delay` seconds (behind what it then holds)."""
+    asyncio.get_running_loop().call_later(delay, channel_layer().send_local, conn.channel_name, message)
+
+
+@registry.event(ANNOUNCE_CHANNEL)
+async def presence_announce_channel(conn: Connection, message: dict) -> None:
+    """Tell the connection who a channel it joined while Redis was settling made visible, if it still has it."""
+    if message["channel"] in conn.channel_ids:
+        await _announce_channel(conn, message["channel"])
 
 
 def _owe_repair(conn: Connection, after: float | None = None) -> None:

@@ -221,6 +221,41 @@ async def test_a_user_added_right_after_redis_restarted_empty_is_announced_once_
         server.close()
 
 
+async def test_a_user_added_to_a_channel_right_after_redis_restarted_empty_is_told_who_it_made_visible(
+    live_instances, acme
+):
+    # mai joins tuan's channel right after Redis restarted empty, while tuan's instance is frozen:
+    # his key is not back when mai's instance would read who the channel made visible, and his
+    # re-election is silent. mai's connection must still hear him.
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(ttl=3000, refresh=1000, margin=1500, RELAY_REDIS_URL=server.url))
+        await add_user(acme, "mai")
+        ops = await add_channel(acme, "ops", "public", ("tuan",))
+        tuan = await connect(b, acme, "tuan")
+        mai = await connect(a, acme, "mai")
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            server.stop()
+            server.start()
+            await logged(a, "presence.suppressed", user="mai", reason=actions.VANISHED)
+            status, _ = http("PUT", f"{a.http_url}/v1/channels/{ops.id}/members/mai", api_key=acme.api_key)
+            assert status == 201
+            # Acknowledged in "ops": mai's connection has applied the change (and read who it showed).
+            sent = await mai.send_and_ack({"idem_key": "joined", "channel": str(ops.id), "text": "hi"})
+            assert sent["type"] == "message.ack"
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
+
+        await mai.wait_for(lambda client: "tuan" in view(client))
+        probe = await barrier(a, acme, [mai], channel="ops")
+        assert mai.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(mai, tuan, probe)
+    finally:
+        server.close()
+
+
 async def test_a_member_added_while_presence_redis_was_down_learns_who_the_channel_shows_once_it_returns(
     live_instances, acme
 ):

@@ -1,5 +1,6 @@
 """ASGI entry point: `daphne relay.asgi:application` serves HTTP and WebSocket."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -32,3 +33,8 @@ application = StartWorker(
         }
     )
 )
+
+# What start-up built (Django, the apps, their modules) lives as long as the process: kept out of
+# the full collections that free closed connections' cycles (relay/serve.py), which then walk
+# only what serving made.
+gc.freeze()

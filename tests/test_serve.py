@@ -1,8 +1,12 @@
 """`python -m relay.serve`: Daphne's own command line, with a deep listen queue and a quiet access log."""
 
+import gc
 import logging
+import weakref
 
-from relay.serve import LISTEN_BACKLOG, daphne_arguments
+from twisted.internet.task import Clock
+
+from relay.serve import FULL_COLLECTION_S, LISTEN_BACKLOG, collect_garbage_every, daphne_arguments
 from relay.transport.daphne_server import lean_log_records
 
 
@@ -66,3 +70,26 @@ def test_relay_serve_leaves_out_of_log_records_what_no_formatter_shows(monkeypat
         "MainThread",
     )
     assert (after.funcName, after.threadName, after.processName) == ("(unknown function)", None, None)
+
+
+class Cycle:
+    """What a closed connection leaves: objects that refer to each other and nothing else to them."""
+
+    def __init__(self) -> None:
+        self.parts = [self, {"owner": self}]
+
+
+def test_a_closed_connections_cycle_is_freed_at_the_next_full_collection_and_not_before():
+    clock = Clock()
+    gc.disable()  # no collection of the test's own making: only the timer's
+    try:
+        collector = collect_garbage_every(FULL_COLLECTION_S, clock)
+        freed: list[bool] = []
+        weakref.finalize(Cycle(), freed.append, True)
+        clock.advance(FULL_COLLECTION_S - 1)
+        assert freed == []
+        clock.advance(1)
+        assert freed == [True]
+        collector.stop()
+    finally:
+        gc.enable()

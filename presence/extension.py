@@ -2,6 +2,7 @@
 
 import asyncio
 import functools
+import logging
 from collections.abc import Sequence
 
 from presence import actions, delivery, handlers, reads
@@ -11,8 +12,11 @@ from presence.queries import large_channel_ids
 from relay import registry
 from relay.frames import PresenceChanged, PresenceOccupancy, PresenceSnapshot
 from relay.layer import channel_layer
+from relay.logging import Event, log_event
 from relay.models import User
 from relay.registry import Connection
+
+logger = logging.getLogger("presence")
 
 registry.sends("presence.snapshot", PresenceSnapshot)
 registry.sends("presence.changed", PresenceChanged)
@@ -88,7 +92,9 @@ class PresenceExtension(registry.Extension):
         if online is None:
             # Redis did not answer: the snapshot went out empty, and no transition would ever
             # tell this watcher about co-members who stay online (docs/contract.md, "Fair under
-            # load and faults"). They are sent as `online`s once Redis answers.
+            # load and faults"). They are sent as `online`s once Redis answers, but for those
+            # a transition told it of meanwhile (its view is kept from the snapshot on).
+            conn.state[delivery.VIEW_KEY] = set(shown)
             _owe_repair(conn)
         elif unsettled:
             # Read in a Redis that lost its data moments ago: co-members whose holders have not
@@ -203,7 +209,8 @@ async def presence_repair(conn: Connection, message: dict) -> None:
         view = conn.state.pop(delivery.VIEW_KEY, set())
         # An invisible co-member looks offline to watchers (docs/contract.md, Rich presence).
         hidden = await reads.invisible_among(conn.environment_id, [u for u in online if u != conn.user_id])
-        for user_id in online:
-            if user_id not in view and user_id not in hidden:
-                await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+        told = [user_id for user_id in online if user_id not in view and user_id not in hidden]
+        for user_id in told:
+            await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+        log_event(logger, Event.PRESENCE_REPAIRED, connection_id=conn.connection_id, told=len(told))
     delivery.fanout().live(conn)

@@ -48,6 +48,7 @@ class Event(StrEnum):
     PRESENCE_FAILED = "presence.failed"
     PRESENCE_INVALID_PAYLOAD = "presence.invalid_payload"
     PRESENCE_PUBLISHED = "presence.published"
+    PRESENCE_REPAIRED = "presence.repaired"
     PRESENCE_STATUS_EXPIRED = "presence.status_expired"
     PRESENCE_SUPPRESSED = "presence.suppressed"
     PRESENCE_VISIBILITY = "presence.visibility"

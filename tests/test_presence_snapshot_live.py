@@ -256,6 +256,32 @@ async def test_a_user_added_to_a_channel_right_after_redis_restarted_empty_is_to
         server.close()
 
 
+async def test_a_co_member_a_watcher_heard_come_online_before_its_repair_is_not_told_again(live_instances, acme):
+    # linh's snapshot could not be read; tuan connects once Redis is back, before linh's repair
+    # runs: she hears his `online` from the transition, and the repair, which tells her who is
+    # online, must not tell her again.
+    presence_redis = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+        presence_redis.stop()
+        linh = await connect(a, acme, "linh")
+        assert linh.of_type("presence.snapshot") == [{"online": [], "status": {}}]
+        presence_redis.start()
+        tuan = await connect(b, acme, "tuan")
+        assert await heard(linh, "tuan", 1) == ["online"]
+
+        [repaired] = await logged(
+            a, "presence.repaired", connection_id=linh.of_type("connection.ack")[0]["connection_id"]
+        )
+        probe = await barrier(a, acme, [linh])
+        # Both were told by transitions: his, and hers, published as Redis came back.
+        assert repaired["told"] == 0
+        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(linh, tuan, probe)
+    finally:
+        presence_redis.close()
+
+
 async def test_a_member_added_while_presence_redis_was_down_learns_who_the_channel_shows_once_it_returns(
     live_instances, acme
 ):

@@ -41,6 +41,7 @@ ANOTHER_PUBLISHED = "another instance published it"
 NEVER_RETRACTED = "its last online was never retracted (the instance that held it died)"
 VANISHED = "key vanished under a live connection; re-electing"
 EPOCH_CHANGED = "redis lost its data since the close; asking again after a refresh"
+SETTLING = "redis lost its data moments ago; asking again once every holder re-elected its users"
 SUPERSEDED = "its publish failed and the user's state has changed since"
 
 Subject = tuple[str, str]
@@ -389,6 +390,13 @@ class PresenceService:
         """Decide the user's `offline` after their last close (`tried`: where a try whose reply was
         lost had its script PUBLISH it)."""
         environment_id, user_id = subject
+        if settling := self.unsettled_for():
+            # This instance found Redis had lost its users' keys moments ago: the user's other
+            # holders may not have re-elected them yet, so the key's absence says nothing.
+            suppressed(user_id, "offline", SETTLING)
+            if subject not in self.held and not self.closed:
+                self._arm_grace_check(subject, epoch, settling * 1000, last_seen_ms, token, tried)
+            return
         retry = functools.partial(self._check_again, subject, epoch, last_seen_ms, token, tried)
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear

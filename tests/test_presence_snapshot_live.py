@@ -282,6 +282,40 @@ async def test_a_co_member_a_watcher_heard_come_online_before_its_repair_is_not_
         presence_redis.close()
 
 
+async def test_a_close_right_after_redis_restarted_empty_waits_for_the_users_other_holder_to_re_elect_them(
+    live_instances, acme
+):
+    # tuan is connected on a and on b. Redis restarts empty while b is frozen, and tuan closes his
+    # connection on a: his key is gone until b's refresh re-elects it. a's grace check, due before
+    # then, must wait for every holder to have re-elected instead of deciding `offline`.
+    server = EmbeddedRedis().start()
+    settings = timings(grace=300, ttl=4000, refresh=1500, margin=1500, RELAY_REDIS_URL=server.url)
+    try:
+        a, b = live_instances(2, **settings)
+        linh = await connect(a, acme, "linh")
+        here = await connect(a, acme, "tuan")
+        there = await connect(b, acme, "tuan")
+        assert await heard(linh, "tuan", 1) == ["online"]
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            server.stop()
+            server.start()
+            await logged(a, "presence.suppressed", user="linh", reason=actions.VANISHED)
+            await here.close()
+            # The check came due with b still frozen, and was put off.
+            await logged(a, "presence.suppressed", user="tuan", reason=actions.SETTLING)
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
+
+        await logged(a, "presence.suppressed", user="tuan", state="offline", reason=actions.STILL_OPEN)
+        probe = await barrier(a, acme, [linh])
+        assert states(linh, "tuan") == ["online"]
+        await close_all(linh, there, probe)
+    finally:
+        server.close()
+
+
 async def test_a_member_added_while_presence_redis_was_down_learns_who_the_channel_shows_once_it_returns(
     live_instances, acme
 ):

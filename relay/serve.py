@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def collect_garbage_every(seconds: float, clock: IReactorTime | None = None) -> LoopingCall:
-    """Run a full garbage collection every `seconds` on the reactor (started with it)."""
+    """Run a full garbage collection every `seconds` on Daphne's reactor (started with it), or on `clock`."""
+    if clock is None:
+        # Daphne installs its asyncio reactor as daphne.server is imported: a timer made before
+        # would install Twisted's default one, which Daphne then replaces and never runs.
+        import daphne.server  # noqa: F401
     call = LoopingCall(gc.collect)
     if clock is not None:
         call.clock = clock

@@ -2,6 +2,8 @@
 
 import gc
 import logging
+import subprocess
+import sys
 import weakref
 
 from twisted.internet.task import Clock
@@ -93,3 +95,16 @@ def test_a_closed_connections_cycle_is_freed_at_the_next_full_collection_and_not
         collector.stop()
     finally:
         gc.enable()
+
+
+def test_the_collector_runs_on_daphnes_reactor_installed_on_uvloop():
+    # Made on any other reactor, the timer would never fire: Daphne replaces that reactor.
+    script = (
+        "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy());"
+        "from relay.serve import collect_garbage_every; call = collect_garbage_every(60);"
+        "from twisted.internet import reactor; import daphne.server;"
+        "print(type(call.clock).__name__, call.clock is reactor, type(daphne.server.twisted_loop).__module__)"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["AsyncioSelectorReactor", "True", "uvloop"]
+    assert "already installed" not in run.stderr

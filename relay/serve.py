@@ -3,7 +3,8 @@
 Daphne runs Twisted on an asyncio loop it creates at import time with
 `asyncio.new_event_loop()`; installing uvloop's policy first makes that loop a uvloop
 one, and every coroutine of the application (the consumer, the channel layer, presence)
-runs on it. It also raises the garbage collector's thresholds and the listen backlog and
+runs on it. It also raises the garbage collector's thresholds (with a full collection every 5
+minutes) and the listen backlog and
 leaves Daphne's plain-text access log off unless asked for; when it is on, its lines carry no
 query string (a connection token travels in /v1/ws's). Every option is Daphne's own.
 """
@@ -21,7 +22,7 @@ from relay.transport.daphne_server import command_line, lean_log_records
 
 # Python's defaults (700, 10, 10) walk every object of every held connection in a full
 # collection every 70,000 net allocations: on 10,000 idle connections those pauses were the
-# notify latency's 99th percentile. Nothing in Relay relies on prompt collection of cycles.
+# notify latency's 99th percentile.
 GC_THRESHOLDS = (50_000, 50, 100)
 # But every closed connection leaves cycles (Twisted's protocol, channel and request, autobahn's,
 # the consumer's) that outlive the young generations, and at those thresholds a full collection

@@ -22,6 +22,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisClusterException
 
+from presence import actions
 from presence.fabric import group_name, transition_message
 from presence.queries import is_invisible, large_channel_ids
 from presence.reads import members_newly_seeing, sync_client
@@ -30,11 +31,9 @@ from presence.scripts import (
     CHANNEL_LEFT,
     CHANNEL_SEEN,
     CHANNEL_UNSEEN,
-    EPOCH_AGE,
     channel_online_key,
     channels_key,
     presence_key,
-    user_epoch_key,
 )
 from presence.store import Timings, record_failure
 from relay import metrics
@@ -78,22 +77,10 @@ def member_added(
     if announced:
         # A count: the ids would be a membership graph in a log file.
         log_event(logger, Event.PRESENCE_ANNOUNCED, user=user.external_id, watchers=len(watchers))
-    elif announced is False and (delay := _rejoin_left(environment_id, user.external_id)):
-        # Redis lost the bucket's data moments ago: the user may be online all the same, their
+    elif announced is False:
+        # Redis may have lost the user's key moments ago: they may be online all the same, their
         # holder not having re-elected them yet (in silence). Asked again once it has.
-        async_to_sync(_announce_later)(delay, environment_id, user.external_id, publish, len(watchers))
-
-
-def _rejoin_left(environment_id: str, user_id: str) -> float:
-    """Seconds until every live holder has re-elected its users in the user's bucket (0: it has)."""
-    try:
-        age = int(sync_client().register_script(EPOCH_AGE)(keys=[user_epoch_key(environment_id, user_id)]))
-    except (redis.RedisError, RedisClusterException, OSError) as error:
-        record_failure("epoch_age", error)
-        return 0
-    rejoin = Timings.from_settings().rejoin
-    # No epoch: nothing was written in the bucket since Redis lost it (or since its users left).
-    return (rejoin if age < 0 else max(0, rejoin - age)) / 1000
+        async_to_sync(_announce_if_settling)(environment_id, user.external_id, publish, len(watchers))
 
 
 # Announcements waiting for a re-election, on the process's event loop (bounded: an API client
@@ -102,10 +89,14 @@ _later: set[asyncio.Task] = set()
 MAX_LATER = 10_000
 
 
-async def _announce_later(
-    delay: float, environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
+async def _announce_if_settling(
+    environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
 ) -> None:
-    if len(_later) < MAX_LATER:
+    # Only an instance that found its users' keys gone knows Redis lost data (a young epoch alone
+    # is no sign); announced again otherwise, the user's own `online` could be heard twice.
+    service = actions.service.existing()  # none: this process holds no connection to know by
+    delay = service.unsettled_for() if service else 0
+    if delay and len(_later) < MAX_LATER:
         task = asyncio.ensure_future(_announce_after(delay, environment_id, user_id, publish, watchers))
         _later.add(task)
         task.add_done_callback(_later.discard)

@@ -382,25 +382,6 @@ return 1
 """
 
 
-# KEYS: epoch (of a user's bucket). The epoch's age in ms, or -1 when there is none: whether the
-# bucket's Redis lost its data so lately that a live holder may not have re-elected its users yet.
-#
-# Equivalent Python:
-#
-#     epoch = redis.get(epoch_key)
-#     return -1 if epoch is None else now - int(epoch.rpartition("@")[2] or 0)
-EPOCH_AGE = (
-    _NOW
-    + """
-local epoch = redis.call('GET', KEYS[1])
-if not epoch then
-  return -1
-end
-return now - (tonumber(string.match(epoch, '@(%d+)$')) or 0)
-"""
-)
-
-
 # KEYS: key, channels (the hash beside the deadline). ARGV: "1" when the user turned invisible,
 # "0" when visible again, then (channel, payload) pairs to PUBLISH if the user is online. ANNOUNCE
 # for a change of visibility: what watchers were told (`offline` then, `online` now) is written

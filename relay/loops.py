@@ -27,6 +27,10 @@ class PerLoop(Generic[T]):
             found = self._made[loop] = self._factory()
         return found
 
+    def existing(self) -> T | None:
+        """This loop's `T` if one was made, without making one."""
+        return self._made.get(asyncio.get_running_loop())
+
     def every(self) -> list[T]:
         """Every loop's `T` whose loop is still alive (for shutdown)."""
         return list(self._made.values())

@@ -24,6 +24,7 @@ from tests.support import (
     REFRESH,
     TTL,
     WAIT,
+    WsClient,
     add_channel,
     add_user,
     barrier,
@@ -119,6 +120,41 @@ async def test_messages_and_membership_changes_cross_instances(live_instances, a
     probe = await barrier(a, acme, [an], channel="ops")
     assert states(linh, "mai") == ["online"]
     await close_all(linh, an, tuan, probe)
+
+
+async def test_a_hostile_client_is_answered_and_changes_nothing_while_others_are_served(
+    live_instances, acme, fabric, closing
+):
+    # On either fabric: a forged token is refused, malformed frames and a flood past the rate are
+    # answered with errors on a socket that stays open, and none of it reaches the channel's
+    # member on the other instance, who still gets what was acknowledged.
+    a, b = live_instances(2, **fabric(**timings(RELAY_RATE_FRAMES_PER_S="20")))
+    general = str(acme.channels["general"].id)
+    forged = await WsClient.open(a.ws_url(acme.token("linh")[:-4] + "AAAA"))
+    assert await forged.closed(timeout=WAIT) == 4401
+    linh = await closing(connect(a, acme, "linh"))
+    tuan = await closing(connect(b, acme, "tuan"))
+    assert await heard(linh, "tuan", 1) == ["online"]
+    for _ in range(20):
+        await linh.send_raw("not json")
+    sent = [f"flood-{index}" for index in range(100)]
+    for key in sent:
+        await linh.send("message.send", {"idem_key": key, "channel": general, "text": "flood"})
+    answered = lambda client: [  # noqa: E731
+        frame for frame in client.frames if frame["type"] == "message.ack" or frame["type"] == "error"
+    ]
+    await linh.wait_for(lambda client: len(answered(client)) == 20 + len(sent))
+    codes = {error["code"] for error in linh.of_type("error")}
+    assert codes == {"invalid_frame", "rate_limited"}
+    acked = {ack["id"] for ack in linh.of_type("message.ack")}
+    assert acked and len(acked) < len(sent)
+    await tuan.wait_for(lambda client: {created["id"] for created in client.of_type("message.created")} == acked)
+    probe = await barrier(b, acme, [tuan])
+    assert {created["id"] for created in tuan.of_type("message.created")} == acked
+    # linh stayed connected, and online to tuan throughout.
+    assert linh.close_code is None
+    assert "linh" in tuan.of_type("presence.snapshot")[0]["online"] and states(tuan, "linh") == []
+    await close_all(linh, tuan, probe)
 
 
 @pytest.mark.cluster

@@ -165,8 +165,6 @@ class PresenceService:
         self._tasks: set[asyncio.Task] = set()
         # Resolved by the next refresh Redis answers (`next_answer`).
         self._answered: asyncio.Future | None = None
-        # When (wall clock, ms) an election here was first answered (`_unsettled`).
-        self._first_answer_ms: float | None = None
         # Until when (monotonic s) a read may miss users still to be re-elected (`unsettled_for`).
         self._settles_at = 0.0
 
@@ -240,21 +238,15 @@ class PresenceService:
     def _unsettled(self, election: Election) -> int:
         """For how long (ms) the election's snapshot may miss users still to be re-elected.
 
-        An epoch that began after this service's first election was answered is Redis having lost
-        its data while this instance lived (each bucket has its own epoch, so an epoch this
-        instance never saw before is no sign by itself; its age is): until every live holder's
-        refresh has re-elected its users (`Timings.rejoin` after the epoch began), a co-member
-        online all along can be missing from the channels' online sets, and nothing would ever be
-        published about them.
+        While this instance's refresh has lately found its users' keys gone (`unsettled_for`):
+        until every live holder's refresh has re-elected its users, a co-member online all along
+        can be missing from the channels' online sets, and nothing would ever be published about
+        them. A young epoch is no sign by itself: every bucket's first user starts one, so at an
+        instance's start (or a reconnect storm into a fresh Redis) most connects would be repaired.
         """
         if election.epoch is None:
             return 0
-        now_ms = time.time() * 1000
-        if self._first_answer_ms is None:
-            self._first_answer_ms = now_ms
-        if now_ms - election.epoch_age_ms <= self._first_answer_ms:
-            return 0
-        return max(0, self.timings.rejoin - election.epoch_age_ms)
+        return round(self.unsettled_for() * 1000)
 
     def _settling(self, left_ms: float) -> None:
         self._settles_at = max(self._settles_at, time.monotonic() + left_ms / 1000)

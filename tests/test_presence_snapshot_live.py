@@ -12,8 +12,10 @@ The cast (tests/conftest.py): in acme, linh and tuan share "fleet" and "general"
 """
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 
 import pytest
 import redis
@@ -24,6 +26,7 @@ from presence.scripts import channel_online_key
 from presence.store import presence_key
 from tests.support import (
     TTL,
+    Instance,
     add_channel,
     add_user,
     barrier,
@@ -46,6 +49,23 @@ def view(client) -> set[str]:
     for change in client.changes():
         (online.add if change["state"] == "online" else online.discard)(change["user"])
     return online
+
+
+@contextlib.asynccontextmanager
+async def frozen_through_an_empty_restart(
+    server: EmbeddedRedis, a: Instance, b: Instance, on_a: str, on_b: str
+) -> AsyncIterator[None]:
+    """b frozen while Redis restarts empty: the body runs once a's refresh has reached the new
+    Redis (it re-elected `on_a`, in silence); after it, b thaws and its refresh re-elects `on_b`."""
+    os.kill(b.process.pid, signal.SIGSTOP)
+    try:
+        server.stop()
+        server.start()
+        await logged(a, "presence.suppressed", user=on_a, reason=actions.VANISHED)
+        yield
+    finally:
+        os.kill(b.process.pid, signal.SIGCONT)
+    await logged(b, "presence.suppressed", user=on_b, reason=actions.VANISHED)
 
 
 async def sees_tuan_back_unannounced(gateway, acme) -> None:
@@ -201,16 +221,9 @@ async def test_a_user_added_right_after_redis_restarted_empty_is_announced_once_
         ops = await add_channel(acme, "ops", "public", ("mai",))
         tuan = await connect(b, acme, "tuan")
         mai = await connect(a, acme, "mai")
-        os.kill(b.process.pid, signal.SIGSTOP)
-        try:
-            server.stop()
-            server.start()
-            await logged(a, "presence.suppressed", user="mai", reason=actions.VANISHED)
+        async with frozen_through_an_empty_restart(server, a, b, "mai", "tuan"):
             status, _ = http("PUT", f"{a.http_url}/v1/channels/{ops.id}/members/tuan", api_key=acme.api_key)
             assert status == 201
-        finally:
-            os.kill(b.process.pid, signal.SIGCONT)
-        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
 
         await mai.wait_for(lambda client: "tuan" in view(client))
         await logged(a, "presence.announced", user="tuan")
@@ -234,19 +247,12 @@ async def test_a_user_added_to_a_channel_right_after_redis_restarted_empty_is_to
         ops = await add_channel(acme, "ops", "public", ("tuan",))
         tuan = await connect(b, acme, "tuan")
         mai = await connect(a, acme, "mai")
-        os.kill(b.process.pid, signal.SIGSTOP)
-        try:
-            server.stop()
-            server.start()
-            await logged(a, "presence.suppressed", user="mai", reason=actions.VANISHED)
+        async with frozen_through_an_empty_restart(server, a, b, "mai", "tuan"):
             status, _ = http("PUT", f"{a.http_url}/v1/channels/{ops.id}/members/mai", api_key=acme.api_key)
             assert status == 201
             # Acknowledged in "ops": mai's connection has applied the change (and read who it showed).
             sent = await mai.send_and_ack({"idem_key": "joined", "channel": str(ops.id), "text": "hi"})
             assert sent["type"] == "message.ack"
-        finally:
-            os.kill(b.process.pid, signal.SIGCONT)
-        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
 
         await mai.wait_for(lambda client: "tuan" in view(client))
         probe = await barrier(a, acme, [mai], channel="ops")
@@ -296,17 +302,10 @@ async def test_a_close_right_after_redis_restarted_empty_waits_for_the_users_oth
         here = await connect(a, acme, "tuan")
         there = await connect(b, acme, "tuan")
         assert await heard(linh, "tuan", 1) == ["online"]
-        os.kill(b.process.pid, signal.SIGSTOP)
-        try:
-            server.stop()
-            server.start()
-            await logged(a, "presence.suppressed", user="linh", reason=actions.VANISHED)
+        async with frozen_through_an_empty_restart(server, a, b, "linh", "tuan"):
             await here.close()
             # The check came due with b still frozen, and was put off.
             await logged(a, "presence.suppressed", user="tuan", reason=actions.SETTLING)
-        finally:
-            os.kill(b.process.pid, signal.SIGCONT)
-        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
 
         await logged(a, "presence.suppressed", user="tuan", state="offline", reason=actions.STILL_OPEN)
         probe = await barrier(a, acme, [linh])
@@ -381,17 +380,9 @@ async def test_a_watcher_connecting_right_after_redis_restarted_empty_learns_who
         linh = await connect(a, acme, "linh")
         tuan = await connect(b, acme, "tuan")
         assert await heard(linh, "tuan", 1) == ["online"]
-        os.kill(b.process.pid, signal.SIGSTOP)
-        try:
-            server.stop()
-            server.start()
-            # a's own refresh has reached the new Redis (its connections are back).
-            await logged(a, "presence.suppressed", user="linh", reason=actions.VANISHED)
+        async with frozen_through_an_empty_restart(server, a, b, "linh", "tuan"):
             mai = await connect(a, acme, "mai")
             assert "tuan" not in mai.of_type("presence.snapshot")[0]["online"]
-        finally:
-            os.kill(b.process.pid, signal.SIGCONT)
-        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
 
         await mai.wait_for(lambda client: "tuan" in view(client))
         probe = await barrier(a, acme, [linh, mai], channel="fleet")

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import redis
 
@@ -136,13 +137,17 @@ class EmbeddedRedisCluster:
             client.set_response_callback(command, lambda response, **options: response)
         return client
 
-    def _nodes_view(self, node: EmbeddedRedis) -> list[dict]:
-        """What `node` knows of the cluster: one dict per node (CLUSTER NODES), flags as a set."""
+    def _ask(self, node: EmbeddedRedis, *command: object) -> Any:
+        """`node`'s answer to one command, on a connection of its own."""
         client = self._client(node)
         try:
-            text = client.execute_command("CLUSTER NODES")
+            return client.execute_command(*command)
         finally:
             client.close()
+
+    def _nodes_view(self, node: EmbeddedRedis) -> list[dict]:
+        """What `node` knows of the cluster: one dict per node (CLUSTER NODES), flags as a set."""
+        text = self._ask(node, "CLUSTER NODES")
         view = []
         for line in text.splitlines():
             fields = line.split()
@@ -170,24 +175,18 @@ class EmbeddedRedisCluster:
             time.sleep(0.05)
 
     def _replicas_listed(self, node: EmbeddedRedis) -> bool:
-        client = self._client(node)
         try:
-            ranges = client.execute_command("CLUSTER SLOTS")
+            ranges = self._ask(node, "CLUSTER SLOTS")
         except redis.RedisError:
             return False
-        finally:
-            client.close()
         return all(len(entry) > 3 for entry in ranges)
 
     def _ok_everywhere(self) -> bool:
         for node in self._live_nodes():
-            client = self._client(node)
             try:
-                info = client.execute_command("CLUSTER INFO")
+                info = self._ask(node, "CLUSTER INFO")
             except redis.RedisError:
                 return False
-            finally:
-                client.close()
             if "cluster_state:ok" not in info:
                 return False
             # Every live node sees every slot served by a master it does not think failed.
@@ -218,20 +217,12 @@ class EmbeddedRedisCluster:
     def flush(self) -> None:
         """Empty every master (their replicas follow): a test starts from no keys."""
         for node in self.masters():
-            client = self._client(node)
-            try:
-                client.flushall()
-            finally:
-                client.close()
+            self._ask(node, "FLUSHALL")
 
     def master_of(self, key: str) -> EmbeddedRedis:
         """The live node that serves `key`'s slot (a shard channel's too) now."""
         live = self._live_nodes()
-        client = self._client(live[0])
-        try:
-            slot = client.execute_command("CLUSTER KEYSLOT", key)
-        finally:
-            client.close()
+        slot = self._ask(live[0], "CLUSTER KEYSLOT", key)
         for entry in self._nodes_view(live[0]):
             if "master" not in entry["flags"]:
                 continue
@@ -277,11 +268,7 @@ class EmbeddedRedisCluster:
     def fail_over(self, master: EmbeddedRedis, timeout: float = 30.0) -> EmbeddedRedis:
         """Hand `master`'s slots to its replica gracefully (CLUSTER FAILOVER, as for maintenance); return it."""
         replica = self._replica_of(master)
-        client = self._client(replica)
-        try:
-            client.execute_command("CLUSTER FAILOVER")
-        finally:
-            client.close()
+        self._ask(replica, "CLUSTER FAILOVER")
         deadline = time.monotonic() + timeout
         while not (self._promoted(replica) and self._rejoined(master) and self._ok_everywhere()):
             if time.monotonic() > deadline:

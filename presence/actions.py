@@ -137,6 +137,8 @@ read_members_seeing_only = database_sync_to_async(members_seeing_only, thread_se
 
 # Where a connection keeps whether its user was invisible when it connected (presence/status.py).
 INVISIBLE_KEY = "presence.invisible"
+# Script calls of the user's bucket that go in the election's round trip, ahead of it.
+AHEAD_KEY = "presence.ahead"
 
 
 class PresenceService:
@@ -208,6 +210,7 @@ class PresenceService:
                 channels,
                 large,
                 hidden=held.invisible,
+                ahead=conn.state.pop(AHEAD_KEY, ()),
             )
         finally:
             held.admitting.discard(conn.connection_id)

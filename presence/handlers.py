@@ -64,6 +64,7 @@ class RichPresence(registry.Extension):
         else:
             invisible = own.invisible
             conn.state[OWN_STATUS_KEY] = own
+            conn.state[actions.AHEAD_KEY] = [status.fill(conn.environment_id, conn.user_id, own)]
         conn.state[actions.INVISIBLE_KEY] = invisible
         conn.state[DEVICE_KEY] = Device(kind=kind, idle=False, connected_ms=_now_ms())
 

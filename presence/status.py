@@ -20,6 +20,7 @@ a status never reaches a watcher ahead of the user's `online`, nor after their `
 decided.
 """
 
+import asyncio
 import functools
 import logging
 import uuid
@@ -37,12 +38,13 @@ from redis.commands.core import AsyncScript
 
 from presence import actions
 from presence.fabric import STATUS_CHANGE, State, group_name, transition_message
-from presence.keys import user_tag
+from presence.keys import user_bucket, user_tag
 from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
 from presence.scripts import ANNOUNCE, VISIBILITY, channels_key, presence_key
 from presence.store import PresenceStore, as_text, record_failure
+from relay.batching import GroupCommit
 from relay.clock import Periodic
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
@@ -168,17 +170,20 @@ class Status:
         }
 
     @classmethod
-    def from_cache(cls, fields: dict) -> "Status | None":
-        """The cached status, or None when the hash holds none (never written, or Redis lost it)."""
-        text = {_text(key): _text(value) for key, value in fields.items()}
-        if "s" not in text:
+    def from_cache(cls, values: Sequence[bytes | None]) -> "Status | None":
+        """The cached status (READ_SCRIPT's fields of one key), or None when the hash holds none
+        (never written, or Redis lost it)."""
+        if values[0] is None:
             return None
-        until = datetime.fromisoformat(text["u"]) if text.get("u") else None
-        return cls(text["s"], text.get("t", ""), text.get("e", ""), until, text.get("i") == "1")
+        status, text, emoji, until, invisible = (_text(value or b"") for value in values[:5])
+        return cls(status, text, emoji, datetime.fromisoformat(until) if until else None, invisible == "1")
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+DEFAULT = Status()
 
 
 class Forbidden(Exception):
@@ -246,22 +251,17 @@ async def cached_statuses(
     read from the table) or else from the table, written back."""
     if not user_ids:
         return {}
-    store = actions.service().store
-
-    async def work() -> list:
-        pipe = store.client.pipeline(transaction=False)
-        for user_id in user_ids:
-            pipe.hgetall(status_key(environment_id, user_id))
-        return await pipe.execute()
-
-    replies = await store.call("status_read", work)
+    replies = await actions.service().store.call("status_read", lambda: _read_cache(environment_id, user_ids))
     found: dict[str, tuple[Status, bool]] = {}
     missing: list[str] = []
     idle_of: dict[str, bool] = {}
     for index, user_id in enumerate(user_ids):
-        fields = replies[index] if replies is not None else {}
-        idle_of[user_id] = _text(fields.get(b"idle", fields.get("idle", b"0"))) == "1"
-        status = Status.from_cache(fields)
+        values = replies[index] if replies is not None else _NOTHING_CACHED
+        if isinstance(values, int):
+            found[user_id] = (DEFAULT, values == 1)
+            continue
+        idle_of[user_id] = values[5] in (b"1", "1")
+        status = Status.from_cache(values)
         if status is None:
             missing.append(user_id)
         else:
@@ -276,6 +276,80 @@ async def cached_statuses(
         if replies is not None:
             await _write_cache(environment_id, [(user_id, stored.get(user_id, Status())) for user_id in missing])
     return found
+
+
+# Each key's status fields and idle (false where absent), for many users in one call: all keys of
+# one bucket on a Redis Cluster, any keys on one Redis. The default status is only its idle, 0 or
+# 1: most users have it, and a snapshot's reply is read off the socket a chunk per turn of a
+# busy loop.
+READ_SCRIPT = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local v = redis.call('HMGET', key, 's', 't', 'e', 'u', 'i', 'idle')
+  if v[1] == 'available' and v[2] == '' and v[3] == '' and v[4] == '' and v[5] == '0' then
+    out[i] = v[6] == '1' and 1 or 0
+  else
+    out[i] = v
+  end
+end
+return out
+"""
+_NOTHING_CACHED = (None,) * 6
+
+
+async def _read_cache(environment_id: str, user_ids: Sequence[str]) -> list:
+    """READ_SCRIPT's reply for each of `user_ids`, in order (`_status_reads`)."""
+    keys = [(user_bucket(environment_id, user_id), status_key(environment_id, user_id)) for user_id in user_ids]
+    return await _status_reads(actions.service().store).submit(keys)
+
+
+_reads: "weakref.WeakKeyDictionary[PresenceStore, GroupCommit[list[tuple[int, str]], list]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _status_reads(store: PresenceStore) -> GroupCommit[list[tuple[int, str]], list]:
+    """The store's status reads, each a list of (bucket, key), batched: the reads made while one
+    is in flight go together, each key once, in one READ_SCRIPT call (one per bucket on a cluster).
+
+    A burst of connects into one channel reads its members' statuses once per round trip, not
+    once per connect: a thousand connects to a room of a thousand were megabytes of keys sent.
+    """
+    reads = _reads.get(store)
+    if reads is None:
+        script = _script(store, READ_SCRIPT)
+
+        async def send(batch: list[list[tuple[int, str]]]) -> list:
+            groups: dict[int, dict[str, None]] = {}
+            for keys in batch:
+                for bucket, key in keys:
+                    groups.setdefault(bucket if store.clustered else 0, {})[key] = None
+            calls = [store.run_script(script, list(keys), []) for keys in groups.values()]
+            values: dict[str, object] = {}
+            for keys, reply in zip(groups.values(), await asyncio.gather(*calls), strict=True):
+                values.update(zip(keys, reply, strict=True))
+            return [[values[key] for _, key in keys] for keys in batch]
+
+        reads = _reads[store] = GroupCommit(send)
+    return reads
+
+
+# A connect's fill of the user's cached status, sent in the election's round trip ahead of it,
+# so watchers' snapshots find it instead of each reading the table. Written only where the hash
+# holds no status: one set meanwhile is newer than what the connect read, and stays.
+FILL_SCRIPT = """
+if redis.call('HEXISTS', KEYS[1], 's') == 0 then
+  redis.call('HSET', KEYS[1], unpack(ARGV))
+end
+return 0
+"""
+
+
+def fill(environment_id: str, user_id: str, status: Status) -> tuple[AsyncScript, list, list]:
+    """The script call that caches `status` (just read from the table) unless a status is cached."""
+    script = _script(actions.service().store, FILL_SCRIPT)
+    args = [part for pair in status.cache_fields().items() for part in pair]
+    return script, [status_key(environment_id, user_id)], args
 
 
 async def _write_cache(environment_id: str, statuses: Iterable[tuple[str, Status]]) -> None:
@@ -387,7 +461,7 @@ async def publish_if_online(
         script = _script(store, VISIBILITY)
         keys.append(channels_key(environment_id, user_id))
         args.insert(0, "1" if hidden else "0")
-    reply = await store.call("status_publish", lambda: script(keys=keys, args=args))
+    reply = await store.call("status_publish", lambda: store.run_script(script, keys, args))
     return None if reply is None else bool(reply)
 
 
@@ -396,7 +470,7 @@ async def _mark_hidden(environment_id: str, user_id: str, hidden: bool) -> None:
     store = actions.service().store
     script = _script(store, VISIBILITY)
     keys = [presence_key(environment_id, user_id), channels_key(environment_id, user_id)]
-    await store.call("status_publish", lambda: script(keys=keys, args=["1" if hidden else "0"]))
+    await store.call("status_publish", lambda: store.run_script(script, keys, ["1" if hidden else "0"]))
 
 
 async def announce_change(environment_id: str, user_id: str, change: Change, idle: bool) -> bool | None:
@@ -459,7 +533,9 @@ async def devices_op(environment_id: str, user_id: str, op: str, ttl: int, *args
     store = actions.service().store
     script = _script(store, DEVICES_SCRIPT)
     keys = [devices_key(environment_id, user_id), status_key(environment_id, user_id)]
-    reply = await store.call("devices", lambda: script(keys=keys, args=[op, ttl, *args]))
+    # Batched with the store's other scripts: a burst of connects and closes queued one pool
+    # acquisition each, every one a turn of the loop, behind redis-py's pool lock.
+    reply = await store.call("devices", lambda: store.run_script(script, keys, [op, ttl, *args]))
     if reply is None:
         return None
     return bool(reply[0]), bool(reply[1])

@@ -222,7 +222,8 @@ class PresenceStore:
         # behind the others' set-up on redis-py's pool lock. A call alone goes at once.
         self._scripts: GroupCommit[tuple[AsyncScript, list, list], object] = GroupCommit(self._send_scripts)
 
-    async def _script(self, script: AsyncScript, keys: list, args: list) -> object:
+    async def run_script(self, script: AsyncScript, keys: list, args: list) -> object:
+        """Run `script` (its keys of one slot) in the next batch of this store's script calls."""
         return await self._scripts.submit((script, keys, args))
 
     async def _send_scripts(self, calls: list[tuple[AsyncScript, list, list]]) -> list:
@@ -271,6 +272,7 @@ class PresenceStore:
         channels: Iterable[str] = (),
         large: Collection[str] = (),
         hidden: bool = False,
+        ahead: Sequence[tuple[AsyncScript, list, list]] = (),
     ) -> Election | None:
         """The limit, the election and which of `watch` are online, in one round trip; None on failure.
 
@@ -280,7 +282,8 @@ class PresenceStore:
         user is added to each channel's online set, whose members (those in `watch`) are the
         snapshot: one read per channel, not one per co-member. Of a `large` channel the read is
         a count (the snapshot's occupancy), whatever the channel's size. A refused connection's
-        user is online elsewhere already, so the additions stand either way.
+        user is online elsewhere already, so the additions stand either way. `ahead`: script calls
+        (script, keys, args) of the user's bucket that run first in the same round trip.
         """
         t = self.timings
         keys = [
@@ -306,12 +309,13 @@ class PresenceStore:
                 self._seen(channel_id, t.seen_for, "count" if channel_id in large else "members", counted)
                 for channel_id in channels
             ]
-            return asyncio.gather(self._script(self._admit, keys, args), *seen)
+            before = [self.run_script(*call) for call in ahead]
+            return asyncio.gather(*before, self.run_script(self._admit, keys, args), *seen)
 
         replies = await self.call("admit", work)
         if replies is None:
             return None
-        reply, *members = replies
+        reply, *members = replies[len(ahead) :]
         wanted = set(watch)
         occupancy = {c: int(found) for c, found in zip(channels, members, strict=True) if c in large}
         online = {as_text(uid) for c, found in zip(channels, members, strict=True) if c not in large for uid in found}
@@ -338,7 +342,7 @@ class PresenceStore:
             user_epoch_key(environment_id, user_id),
         ]
         args = [connection_id, self.timings.grace, "1" if last_local else "0", fresh_epoch()]
-        reply = await self.call("release", lambda: self._script(self._release, keys, args))
+        reply = await self.call("release", lambda: self.run_script(self._release, keys, args))
         return None if reply is None else as_text(reply)
 
     async def grace_check(
@@ -373,7 +377,7 @@ class PresenceStore:
         if len(keys) > 5:
             args += [",".join(channels), last_seen_ms or int(time.time() * 1000)]
         args += [part for pair in publish for part in pair]
-        reply = await self.call("grace_check", lambda: self._script(self._grace_check, keys, args))
+        reply = await self.call("grace_check", lambda: self.run_script(self._grace_check, keys, args))
         if reply is None:
             return None
         outcome = int(reply[0])
@@ -528,7 +532,7 @@ class PresenceStore:
         return None if found is None else [as_text(uid) for uid in found]
 
     def _seen(self, channel_id: str, for_ms: int, answer: str, user_ids: Sequence[str]) -> Awaitable[object]:
-        return self._script(self._channel_seen, [channel_online_key(channel_id)], [for_ms, answer, *user_ids])
+        return self.run_script(self._channel_seen, [channel_online_key(channel_id)], [for_ms, answer, *user_ids])
 
     async def channels_gone(self, gone: Sequence[tuple[str, Iterable[str]]], decided_ms: int | None = None) -> None:
         """Take each (user id, channel ids) out of those channels' online sets.
@@ -550,7 +554,7 @@ class PresenceStore:
                 for channel_id, user_id in removals:
                     by_channel.setdefault(channel_id, []).append(user_id)
                 unseen = [
-                    self._script(self._channel_unseen, [channel_online_key(c)], [bound, *users])
+                    self.run_script(self._channel_unseen, [channel_online_key(c)], [bound, *users])
                     for c, users in by_channel.items()
                 ]
                 await asyncio.gather(*unseen)

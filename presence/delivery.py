@@ -15,6 +15,7 @@ client only grows its own socket buffer.
 """
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -49,11 +50,16 @@ OCCUPANCY_SETTLE_SECONDS = 0.2
 # Not in the thread every other database call shares, like the grace check's read.
 read_large_channel_ids = database_sync_to_async(large_channel_ids, thread_sensitive=False)
 
+# The longest presence writes in one turn of the loop before it lets the loop's other work run.
+FANOUT_SLICE_SECONDS = 0.05
+
 # Where a connection keeps its `Dedup`, set when it is admitted.
 STATE_KEY = "presence"
 # Where a connection whose snapshot awaits a repair keeps who it was told is online (the
 # snapshot, then every change), so the repair tells it only what it lacks.
 VIEW_KEY = "presence.view"
+# Where a connection keeps the messages of its presence groups from joining them until it is live.
+HELD_KEY = "presence.held"
 
 
 async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | StatusChange | None]) -> None:
@@ -125,6 +131,10 @@ class Fanout:
         self.layer = channel_layer()
         # By channel name; weak, so a consumer that ended without its close hook is not kept.
         self.watchers: weakref.WeakValueDictionary[str, Connection] = weakref.WeakValueDictionary()
+        # Connections between joining their groups and their snapshot, by channel name, likewise.
+        self.joining: weakref.WeakValueDictionary[str, Connection] = weakref.WeakValueDictionary()
+        # When presence began writing in this turn of the loop (None: not yet).
+        self._slice_began: float | None = None
         self.pending: asyncio.Queue[tuple[dict, tuple[str, ...]]] = asyncio.Queue()
         self.claimed = False
         self._task: asyncio.Task | None = None
@@ -143,17 +153,38 @@ class Fanout:
             wanted=lambda: bool(self.watchers),
         )
 
-    def live(self, conn: Connection) -> None:
-        """`conn` has its snapshot: transitions may be written to it directly from now on."""
+    def join(self, conn: Connection) -> None:
+        """`conn` is joining its groups: what comes for it is kept, in order, until it is live.
+
+        Kept in a list, not put on the connection's queue: a connect in a burst waits round trips
+        between its groups and its snapshot, and through the queue each of the many transitions
+        meanwhile cost a serialization, a wake-up and a dispatch.
+        """
+        conn.state[HELD_KEY] = collections.deque()
+        self.joining[conn.channel_name] = conn
+
+    async def live(self, conn: Connection) -> None:
+        """`conn` has its snapshot: what was kept for it goes out, then transitions are written to it directly."""
         if not self.claimed:
             self.layer.claim_groups(GROUP_PREFIX, self.received)
             self.claimed = True
+        held: collections.deque | None = conn.state.get(HELD_KEY)
+        # What arrives while these are written is appended, and written in its turn.
+        while held:
+            await self._write(conn, *held.popleft())
+            await self._pace()
+        if held is not None and conn.state.get(HELD_KEY) is not held:
+            return  # gone meanwhile
+        self.joining.pop(conn.channel_name, None)
+        conn.state.pop(HELD_KEY, None)
         self.watchers[conn.channel_name] = conn
         self.rechecks.start()
 
     def gone(self, conn: Connection) -> None:
         """`conn` is closing: nothing more is written to it from here."""
         self.watchers.pop(conn.channel_name, None)
+        self.joining.pop(conn.channel_name, None)
+        conn.state.pop(HELD_KEY, None)
 
     def received(self, message: dict, members: tuple[str, ...]) -> None:
         """One transition read off Redis, with the channels that were in its group at that moment."""
@@ -180,6 +211,30 @@ class Fanout:
         while True:
             message, members = await self.pending.get()
             await self.deliver(message, members)
+            await self._pace()
+
+    async def _pace(self) -> None:
+        """Let the loop's other work run once presence has written for a slice of this turn of the loop.
+
+        Neither a queue holding more nor a write suspends: without this, a burst's fan-out (and
+        the connects' kept messages) held the loop for seconds, and the handshakes and Redis
+        replies waiting behind it passed their timeouts. One slice per turn for every writer
+        (the fan-out and each connect's kept messages) together; not a yield after every write,
+        so each socket's frames of a slice go out in one write.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            if self._slice_began is None:
+                # The first write of this turn: the next turn begins a new slice.
+                self._slice_began = now
+                loop.call_soon(self._next_turn)
+            if now - self._slice_began < FANOUT_SLICE_SECONDS:
+                return
+            await asyncio.sleep(0)
+
+    def _next_turn(self) -> None:
+        self._slice_began = None
 
     async def deliver(self, message: dict, members: tuple[str, ...]) -> None:
         """Write one transition to each member, or queue it behind what the member has queued."""
@@ -191,16 +246,25 @@ class Fanout:
             return
         for channel in members:
             conn = self.watchers.get(channel)
-            if conn is None or self.layer.backlog(channel):
+            if conn is not None:
+                await self._write(conn, message, transition)
+            elif (joining := self.joining.get(channel)) is not None:
+                joining.state[HELD_KEY].append((message, transition))
+            else:
                 self.layer.send_local(channel, message)
-                continue
-            try:
-                await deliver(conn, message, transition)
-            except Exception as error:
-                # One connection's failure must not cost the other watchers their frame. The type
-                # only: a write's error may quote the frame it could not send.
-                metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
-                log_event(logger, Event.PRESENCE_FAILED, logging.ERROR, op="deliver", error=type(error).__name__)
+
+    async def _write(self, conn: Connection, message: dict, transition: Callable) -> None:
+        """Write to `conn` now, or queue behind what its consumer has queued (order is kept)."""
+        if self.layer.backlog(conn.channel_name):
+            self.layer.send_local(conn.channel_name, message)
+            return
+        try:
+            await deliver(conn, message, transition)
+        except Exception as error:
+            # One connection's failure must not cost the other watchers their frame. The type
+            # only: a write's error may quote the frame it could not send.
+            metrics.PRESENCE_FAILURES.labels(op="deliver").inc()
+            log_event(logger, Event.PRESENCE_FAILED, logging.ERROR, op="deliver", error=type(error).__name__)
 
     # ── large channels: occupancy instead of people ──────────────────────────
     def modes(self, channel_ids: Collection[str], large: Collection[str]) -> None:

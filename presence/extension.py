@@ -60,6 +60,10 @@ class PresenceExtension(registry.Extension):
         # queued behind the snapshot, whose read is in the election's round trip, after the join).
         return group_name(channel_id)
 
+    def joining(self, conn: Connection) -> None:
+        # Until the snapshot is sent, the transitions of the groups it joins wait behind it.
+        delivery.fanout().join(conn)
+
     async def admit(self, conn: Connection) -> None:
         conn.state[STATE_KEY] = Dedup()
         watch, large = conn.loaded.get(self) or (None, frozenset())
@@ -74,6 +78,18 @@ class PresenceExtension(registry.Extension):
                 conn.state[UNSETTLED_KEY] = unsettled
 
     async def opened(self, conn: Connection) -> None:
+        repair: tuple[float | None] | None = None
+        try:
+            repair = await self._snapshot(conn)
+        finally:
+            # Last, and even when the snapshot failed: what was kept for the connection goes out
+            # after the snapshot, and a transition written straight to the socket too.
+            await delivery.fanout().live(conn)
+        if repair is not None:
+            _owe_repair(conn, *repair)
+
+    async def _snapshot(self, conn: Connection) -> tuple[float | None] | None:
+        """Send the snapshot; whether a repair is owed, and after how long (None: once Redis answers)."""
         occupancy = conn.state.pop(OCCUPANCY_KEY, None)
         unsettled = conn.state.pop(UNSETTLED_KEY, 0)
         if SNAPSHOT_KEY in conn.state:
@@ -87,21 +103,20 @@ class PresenceExtension(registry.Extension):
             snapshot["occupancy"] = occupancy
         await conn.send_frame("presence.snapshot", snapshot)
         await handlers.after_snapshot(conn, statuses)
-        # Last: a transition written straight to the socket must come after the snapshot.
-        delivery.fanout().live(conn)
         if online is None:
             # Redis did not answer: the snapshot went out empty, and no transition would ever
             # tell this watcher about co-members who stay online (docs/contract.md, "Fair under
             # load and faults"). They are sent as `online`s once Redis answers, but for those
             # a transition told it of meanwhile (its view is kept from the snapshot on).
             conn.state[delivery.VIEW_KEY] = set(shown)
-            _owe_repair(conn)
-        elif unsettled:
+            return (None,)
+        if unsettled:
             # Read in a Redis that lost its data moments ago: co-members whose holders have not
             # re-elected them yet are missing, and stay online without a word. Once they have,
             # the repair tells this watcher those its view still lacks.
             conn.state[delivery.VIEW_KEY] = set(shown)
-            _owe_repair(conn, unsettled / 1000)
+            return (unsettled / 1000,)
+        return None
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
         # Into the channel's online set now, not at the next refresh: a co-member connecting
@@ -213,4 +228,4 @@ async def presence_repair(conn: Connection, message: dict) -> None:
         for user_id in told:
             await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
         log_event(logger, Event.PRESENCE_REPAIRED, connection_id=conn.connection_id, told=len(told))
-    delivery.fanout().live(conn)
+    await delivery.fanout().live(conn)

@@ -119,6 +119,8 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             # More changes than the bus remembers came by during the read: read again.
             self.channel_ids = await read_channel_ids(self.user)
         # Every app's groups, before any admit reads anything (registry.Extension.group).
+        for ext in registry.extensions:
+            ext.joining(self)
         await self.channel_layer.group_add_many(self._groups(self.channel_ids), self.channel_name)
 
     async def _admit(self) -> None:

@@ -102,6 +102,10 @@ class Extension:
         """
         return None
 
+    def joining(self, conn: Connection) -> None:
+        """Just before the connection joins every extension's groups (SYNC): an extension that takes
+        its groups' messages itself, not through the connection's queue, starts keeping them here."""
+
     async def admit(self, conn: Connection) -> None:
         """Before accept, the groups joined: check limits. Raise ConnectionRefused to refuse."""
 

@@ -7,6 +7,7 @@ would, and read back through the process's one subscription.
 import asyncio
 import json
 import logging
+import time
 import uuid
 
 import pytest
@@ -17,7 +18,7 @@ from presence import delivery, extension
 from presence.fabric import TRANSITION, group_name, transition_message
 from relay import registry
 from relay.membership import EVENT, MEMBERSHIP_GROUP
-from tests.support import events, open_communicator
+from tests.support import events, open_communicator, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -151,3 +152,53 @@ async def test_one_watchers_failure_does_not_cost_the_others_their_frame(acme, q
     assert queued == []
     await linh.disconnect()
     await tuan.disconnect()
+
+
+async def test_a_transition_raced_with_a_connect_once_the_process_delivers_is_kept_for_after_the_snapshot(
+    acme, queued, monkeypatch
+):
+    fleet = str(acme.channels["fleet"].id)
+    layer = get_channel_layer()
+    # tuan is live: the process takes the presence groups' messages itself from here.
+    tuan = await _open_live(acme.token("tuan"), "tuan")
+    admit = extension.PresenceExtension.admit
+    raced = str(uuid.uuid4())
+
+    async def a_transition_during_the_election(self, conn):
+        await admit(self, conn)
+        await layer.group_send(group_name(fleet), transition_message("hermit", "online", raced, fleet, copies=1))
+        await until(lambda: conn.state[delivery.HELD_KEY])
+
+    monkeypatch.setattr(extension.PresenceExtension, "admit", a_transition_during_the_election)
+    linh = await open_communicator(acme.token("linh"))
+    frames = await _frames_until(linh, "presence.changed", "hermit")
+    types = [frame["type"] for frame in frames]
+    assert types.index("presence.snapshot") < types.index("presence.changed")  # the snapshot came first
+    assert _changed(frames)[-1] == {"user": "hermit", "state": "online"}
+    # Kept by the process, not put on linh's queue; and nothing is kept once she is live.
+    assert queued == []
+    assert not delivery.fanout().joining
+    await linh.disconnect()
+    await tuan.disconnect()
+
+
+def _writing(seconds: float) -> None:
+    """Keep the loop busy for `seconds`, as writes to sockets do."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def test_the_fan_out_lets_the_loop_run_once_its_slice_of_the_turn_is_spent(monkeypatch):
+    fanout = delivery.fanout()
+    ran: list[str] = []
+    monkeypatch.setattr(delivery, "FANOUT_SLICE_SECONDS", 60)
+    asyncio.get_running_loop().call_soon(ran.append, "other work")
+    await fanout._pace()
+    _writing(0.002)
+    await fanout._pace()
+    assert ran == []  # within its slice: the writes go on
+    monkeypatch.setattr(delivery, "FANOUT_SLICE_SECONDS", 0.001)
+    _writing(0.002)
+    await fanout._pace()
+    assert ran == ["other work"]

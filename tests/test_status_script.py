@@ -1,7 +1,17 @@
-"""presence/status.py's devices script on the real Redis: idle is every counted connection's."""
+"""presence/status.py's scripts on the real Redis: the devices' idle, and the status cache's fill and reads."""
+
+import asyncio
 
 from presence.keys import user_tag
-from presence.status import DEVICES_SCRIPT, devices_key, status_key
+from presence.status import (
+    DEVICES_SCRIPT,
+    FILL_SCRIPT,
+    READ_SCRIPT,
+    Status,
+    cached_statuses,
+    devices_key,
+    status_key,
+)
 
 ENV = "00000000-0000-0000-0000-000000000001"
 
@@ -37,3 +47,37 @@ def test_a_closed_connection_counts_until_its_time_runs_out(redis_client):
 def test_both_keys_share_the_users_hash_tag(redis_client):
     tag = user_tag(ENV, "tuan")
     assert tag in devices_key(ENV, "tuan") and tag in status_key(ENV, "tuan")
+
+
+def test_the_read_script_gives_a_default_status_as_its_idle_and_any_other_as_its_fields(redis_client):
+    script = redis_client.register_script(READ_SCRIPT)
+    redis_client.hset(status_key(ENV, "linh"), mapping={**Status().cache_fields(), "idle": "1"})
+    redis_client.hset(status_key(ENV, "tuan"), mapping={**Status(status="busy", text="on a call").cache_fields()})
+    redis_client.hset(status_key(ENV, "hermit"), "idle", "0")  # idle written, no status cached
+    keys = [status_key(ENV, user) for user in ("linh", "tuan", "hermit", "nobody")]
+    assert script(keys=keys) == [1, ["busy", "on a call", "", "", "0", None], [None] * 5 + ["0"], [None] * 6]
+
+
+def test_the_fill_writes_a_status_only_where_none_is_cached(redis_client):
+    fill = redis_client.register_script(FILL_SCRIPT)
+    fields = [part for pair in Status(status="away").cache_fields().items() for part in pair]
+    redis_client.hset(status_key(ENV, "tuan"), "idle", "1")
+    fill(keys=[status_key(ENV, "tuan")], args=fields)
+    assert redis_client.hgetall(status_key(ENV, "tuan"))["s"] == "away"
+    # A status set after the connect read the table is newer: the fill leaves it.
+    redis_client.hset(status_key(ENV, "tuan"), "s", "dnd")
+    fill(keys=[status_key(ENV, "tuan")], args=fields)
+    assert redis_client.hgetall(status_key(ENV, "tuan")) == {**Status(status="dnd").cache_fields(), "idle": "1"}
+
+
+async def test_reads_made_together_go_in_one_call_with_each_key_once(redis_client, close_presence_service):
+    for user in ("a", "b", "d"):
+        redis_client.hset(status_key(ENV, user), mapping={**Status().cache_fields(), "idle": "0"})
+    redis_client.hset(status_key(ENV, "b"), "idle", "1")
+    redis_client.hset(status_key(ENV, "c"), mapping={**Status(status="busy").cache_fields(), "idle": "0"})
+    redis_client.config_resetstat()
+    first, second = await asyncio.gather(cached_statuses(ENV, ["a", "b", "c"]), cached_statuses(ENV, ["b", "c", "d"]))
+    assert first == {"a": (Status(), False), "b": (Status(), True), "c": (Status(status="busy"), False)}
+    assert second == {"b": (Status(), True), "c": (Status(status="busy"), False), "d": (Status(), False)}
+    # Four users, each read once, though six were asked for.
+    assert redis_client.info("commandstats")["cmdstat_hmget"]["calls"] == 4

@@ -299,8 +299,13 @@ _NOTHING_CACHED = (None,) * 6
 
 async def _read_cache(environment_id: str, user_ids: Sequence[str]) -> list:
     """READ_SCRIPT's reply for each of `user_ids`, in order (`_status_reads`)."""
-    keys = [(user_bucket(environment_id, user_id), status_key(environment_id, user_id)) for user_id in user_ids]
-    return await _status_reads(actions.service().store).submit(keys)
+    store = actions.service().store
+    # One Redis takes any keys in one call: no bucket to group by, nor a CRC-32 to compute for it.
+    keys = [
+        (user_bucket(environment_id, user_id) if store.clustered else 0, status_key(environment_id, user_id))
+        for user_id in user_ids
+    ]
+    return await _status_reads(store).submit(keys)
 
 
 _reads: "weakref.WeakKeyDictionary[PresenceStore, GroupCommit[list[tuple[int, str]], list]]" = (
@@ -309,7 +314,7 @@ _reads: "weakref.WeakKeyDictionary[PresenceStore, GroupCommit[list[tuple[int, st
 
 
 def _status_reads(store: PresenceStore) -> GroupCommit[list[tuple[int, str]], list]:
-    """The store's status reads, each a list of (bucket, key), batched: the reads made while one
+    """The store's status reads, each a list of (bucket, key; bucket 0 on one Redis), batched: the reads made while one
     is in flight go together, each key once, in one READ_SCRIPT call (one per bucket on a cluster).
 
     A burst of connects into one channel reads its members' statuses once per round trip, not
@@ -323,7 +328,7 @@ def _status_reads(store: PresenceStore) -> GroupCommit[list[tuple[int, str]], li
             groups: dict[int, dict[str, None]] = {}
             for keys in batch:
                 for bucket, key in keys:
-                    groups.setdefault(bucket if store.clustered else 0, {})[key] = None
+                    groups.setdefault(bucket, {})[key] = None
             calls = [store.run_script(script, list(keys), []) for keys in groups.values()]
             values: dict[str, object] = {}
             for keys, reply in zip(groups.values(), await asyncio.gather(*calls), strict=True):

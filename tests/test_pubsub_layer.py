@@ -7,7 +7,9 @@ import pytest
 import redis
 
 from devtools.embedded_redis import EmbeddedRedis
+from relay.transport import pubsub
 from relay.transport.pubsub import RelayPubSubChannelLayer
+from tests.support import until
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +239,31 @@ async def test_a_discarded_channel_takes_its_queue_and_backlog_and_takes_no_more
         assert await layer.receive(kept) == {"type": "d"}
     finally:
         await layer.flush()
+
+
+@pytest.mark.parametrize("stopped", ["before the first subscribe", "after the first subscribe"])
+async def test_a_group_add_during_an_outage_does_not_wait_for_a_confirmation_and_subscribes_later(monkeypatch, stopped):
+    # A confirmation window no test would sit through: a group_add that waited for a SUBSCRIBE
+    # Redis cannot confirm yet (never sent, or sent into a connection that then broke) would hang
+    # here until the hang guard, where a connect would have passed Daphne's handshake timeout.
+    monkeypatch.setattr(pubsub, "CONFIRM_SECONDS", 3600)
+    server = EmbeddedRedis().start()
+    layer = _layer(server.url)
+    try:
+        if stopped == "before the first subscribe":
+            server.stop()
+        channel = await asyncio.wait_for(layer.new_channel(), 60)
+        server.stop()
+        await asyncio.wait_for(layer.group_add("g.outage", channel), 60)
+        server.start()
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        try:
+            # Subscribed once Redis is back, and heard.
+            await until(lambda: dict(client.pubsub_numsub("relay__group__g.outage"))["relay__group__g.outage"] == 1)
+        finally:
+            client.close()
+        await _layer(server.url).group_send("g.outage", {"type": "ping"})
+        assert await asyncio.wait_for(layer.receive(channel), 60) == {"type": "ping"}
+    finally:
+        await layer.flush()
+        server.close()

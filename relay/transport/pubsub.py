@@ -16,7 +16,9 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
   the target's name inside and routed here, so `send()` keeps working across processes.
 - A subscription returns once Redis CONFIRMED it: a message published right after `group_add`
   returned must reach the new member. A SUBSCRIBE that fails (Redis away) is sent again until
-  Redis takes it: redis-py re-subscribes after a reconnect only to what it sent.
+  Redis takes it: redis-py re-subscribes after a reconnect only to what it sent. One that cannot
+  be confirmed before a reconnect (not sent, or its connection broke) is not waited for: the
+  connect goes on, as through any outage, instead of passing Daphne's handshake timeout.
 - `route_group()` / `send_local()`: a process-wide handler for one group, called as its
   messages are read, which hands copies to local channels in order (relay.membership's bus).
 - `claim_groups()`: a process-wide handler for every group of a prefix, called once per message
@@ -90,7 +92,7 @@ class _Shard(RedisSingleShardConnection):
         await self.subscribe_many([channel])
 
     async def subscribe_many(self, channels: Sequence[str]) -> None:
-        """Subscribe in one SUBSCRIBE, and return once Redis has CONFIRMED every channel.
+        """Subscribe in one SUBSCRIBE, and return once Redis has CONFIRMED every channel it can confirm now.
 
         (channels-redis returns on sending.) A group message published after `group_add`
         returned (say, right after the client's ack) must reach the new member; on its own pool
@@ -113,6 +115,9 @@ class _Shard(RedisSingleShardConnection):
                 # sent again until it does, and its waiting entry resolves when Redis confirms it.
                 self._subscribed_to.update(new)
                 await self._send_subscribe(new)
+            # One whose SUBSCRIBE could not be sent is confirmed only once `_resubscribe` gets it
+            # through, after Redis is back: waiting for that would hold the connect for nothing.
+            waits = {channel: confirmed for channel, confirmed in waits.items() if channel not in self._unsent}
         if waits:
             try:
                 # Unconfirmed in time, still sent and remembered: redis-py subscribes again on a
@@ -215,6 +220,11 @@ class _Shard(RedisSingleShardConnection):
                 # when configured) and redis-py subscribes again to every channel. Soon, since what
                 # is published before that is not heard here; logged once per outage.
                 self._receiving.clear()
+                # A SUBSCRIBE sent just before the loss is confirmed only after the reconnect: the
+                # connects waiting for it go on now rather than at CONFIRM_SECONDS.
+                for confirmed in self._confirming.values():
+                    if not confirmed.done():
+                        confirmed.set_result(None)
                 if not self._reconnecting:
                     self._reconnecting = True
                     log_event(

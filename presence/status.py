@@ -43,8 +43,7 @@ from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
 from presence.scripts import ANNOUNCE, VISIBILITY, channels_key, presence_key
-from presence.store import PresenceStore, as_text, record_failure
-from relay.batching import GroupCommit
+from presence.store import as_text, record_failure
 from relay.clock import Periodic
 from relay.frames import DeviceKind, PresenceSet, StatusOut, format_instant
 from relay.layer import channel_layer
@@ -298,45 +297,22 @@ _NOTHING_CACHED = (None,) * 6
 
 
 async def _read_cache(environment_id: str, user_ids: Sequence[str]) -> list:
-    """READ_SCRIPT's reply for each of `user_ids`, in order (`_status_reads`)."""
+    """READ_SCRIPT's reply for each of `user_ids`, in order: one read per bucket on a Redis
+    Cluster (a call's keys are of one slot), one read of them all on one Redis."""
     store = actions.service().store
-    # One Redis takes any keys in one call: no bucket to group by, nor a CRC-32 to compute for it.
-    keys = [
-        (user_bucket(environment_id, user_id) if store.clustered else 0, status_key(environment_id, user_id))
-        for user_id in user_ids
-    ]
-    return await _status_reads(store).submit(keys)
-
-
-_reads: "weakref.WeakKeyDictionary[PresenceStore, GroupCommit[list[tuple[int, str]], list]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _status_reads(store: PresenceStore) -> GroupCommit[list[tuple[int, str]], list]:
-    """The store's status reads, each a list of (bucket, key; bucket 0 on one Redis), batched: the reads made while one
-    is in flight go together, each key once, in one READ_SCRIPT call (one per bucket on a cluster).
-
-    A burst of connects into one channel reads its members' statuses once per round trip, not
-    once per connect: a thousand connects to a room of a thousand were megabytes of keys sent.
-    """
-    reads = _reads.get(store)
-    if reads is None:
-        script = _script(store, READ_SCRIPT)
-
-        async def send(batch: list[list[tuple[int, str]]]) -> list:
-            groups: dict[int, dict[str, None]] = {}
-            for keys in batch:
-                for bucket, key in keys:
-                    groups.setdefault(bucket, {})[key] = None
-            calls = [store.run_script(script, list(keys), []) for keys in groups.values()]
-            values: dict[str, object] = {}
-            for keys, reply in zip(groups.values(), await asyncio.gather(*calls), strict=True):
-                values.update(zip(keys, reply, strict=True))
-            return [[values[key] for _, key in keys] for keys in batch]
-
-        reads = _reads[store] = GroupCommit(send)
-    return reads
+    script = store.script(READ_SCRIPT)
+    keys = [status_key(environment_id, user_id) for user_id in user_ids]
+    if not store.clustered:
+        return await store.read_each(script, keys)
+    by_bucket: dict[int, list[int]] = {}
+    for index, user_id in enumerate(user_ids):
+        by_bucket.setdefault(user_bucket(environment_id, user_id), []).append(index)
+    replies = await asyncio.gather(*(store.read_each(script, [keys[i] for i in at]) for at in by_bucket.values()))
+    values: list = [None] * len(keys)
+    for at, reply in zip(by_bucket.values(), replies, strict=True):
+        for index, value in zip(at, reply, strict=True):
+            values[index] = value
+    return values
 
 
 # A connect's fill of the user's cached status, sent in the election's round trip ahead of it,
@@ -352,7 +328,7 @@ return 0
 
 def fill(environment_id: str, user_id: str, status: Status) -> tuple[AsyncScript, list, list]:
     """The script call that caches `status` (just read from the table) unless a status is cached."""
-    script = _script(actions.service().store, FILL_SCRIPT)
+    script = actions.service().store.script(FILL_SCRIPT)
     args = [part for pair in status.cache_fields().items() for part in pair]
     return script, [status_key(environment_id, user_id)], args
 
@@ -461,9 +437,9 @@ async def publish_if_online(
         return True
     args = [part for pair in publications for part in pair]
     keys = [presence_key(environment_id, user_id)]
-    script = _script(store, ANNOUNCE)
+    script = store.script(ANNOUNCE)
     if hidden is not None:
-        script = _script(store, VISIBILITY)
+        script = store.script(VISIBILITY)
         keys.append(channels_key(environment_id, user_id))
         args.insert(0, "1" if hidden else "0")
     reply = await store.call("status_publish", lambda: store.run_script(script, keys, args))
@@ -473,7 +449,7 @@ async def publish_if_online(
 async def _mark_hidden(environment_id: str, user_id: str, hidden: bool) -> None:
     """VISIBILITY's write without its publish (the groups live on another Redis)."""
     store = actions.service().store
-    script = _script(store, VISIBILITY)
+    script = store.script(VISIBILITY)
     keys = [presence_key(environment_id, user_id), channels_key(environment_id, user_id)]
     await store.call("status_publish", lambda: store.run_script(script, keys, ["1" if hidden else "0"]))
 
@@ -536,7 +512,7 @@ async def announce_idle(environment_id: str, user_id: str, idle: bool) -> None:
 async def devices_op(environment_id: str, user_id: str, op: str, ttl: int, *args: str) -> tuple[bool, bool] | None:
     """Run one devices op; (idle changed, idle now), or None when Redis failed."""
     store = actions.service().store
-    script = _script(store, DEVICES_SCRIPT)
+    script = store.script(DEVICES_SCRIPT)
     keys = [devices_key(environment_id, user_id), status_key(environment_id, user_id)]
     # Batched with the store's other scripts: a burst of connects and closes queued one pool
     # acquisition each, every one a turn of the loop, behind redis-py's pool lock.
@@ -544,18 +520,6 @@ async def devices_op(environment_id: str, user_id: str, op: str, ttl: int, *args
     if reply is None:
         return None
     return bool(reply[0]), bool(reply[1])
-
-
-_scripts: "weakref.WeakKeyDictionary[PresenceStore, dict[str, AsyncScript]]" = weakref.WeakKeyDictionary()
-
-
-def _script(store: PresenceStore, source: str) -> AsyncScript:
-    """The store's client's handle on a script, made once (it carries the SHA the calls use)."""
-    scripts = _scripts.setdefault(store, {})
-    script = scripts.get(source)
-    if script is None:
-        script = scripts[source] = store.client.register_script(source)
-    return script
 
 
 def live_ttl() -> int:

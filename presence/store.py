@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import redis
 from django.conf import settings
@@ -220,11 +220,51 @@ class PresenceStore:
         # A connect's or close's script goes with the calls made while one round trip is in flight
         # (relay.batching). One call each would put hundreds in flight in a burst, each queued
         # behind the others' set-up on redis-py's pool lock. A call alone goes at once.
-        self._scripts: GroupCommit[tuple[AsyncScript, list, list], object] = GroupCommit(self._send_scripts)
+        self._scripts: GroupCommit[tuple[AsyncScript, list, list | None], object] = GroupCommit(self._batch)
+        # Scripts of other modules (presence/status.py), registered on first use.
+        self._registered: dict[str, AsyncScript] = {}
+
+    def script(self, source: str) -> AsyncScript:
+        """This store's handle on `source`, registered once (it carries the SHA the calls use)."""
+        script = self._registered.get(source)
+        if script is None:
+            script = self._registered[source] = self.client.register_script(source)
+        return script
 
     async def run_script(self, script: AsyncScript, keys: list, args: list) -> object:
         """Run `script` (its keys of one slot) in the next batch of this store's script calls."""
         return await self._scripts.submit((script, keys, args))
+
+    async def read_each(self, script: AsyncScript, keys: list[str]) -> list:
+        """`script`'s value of each of `keys` (all of one slot), in the next batch of script calls.
+
+        For a read without ARGV whose reply holds one value per key, in order. The batch's reads of
+        one script and slot go as ONE call with each key once: a burst of connects into one channel
+        reads its members' statuses once per round trip, not once per connect (a thousand connects
+        into a room of a thousand were megabytes of keys sent).
+        """
+        if not keys:
+            return []
+        return cast(list, await self._scripts.submit((script, keys, None)))
+
+    async def _batch(self, calls: list[tuple[AsyncScript, list, list | None]]) -> list:
+        """Each call's outcome in order, the reads of `read_each` (ARGV None) merged per script and slot."""
+        sent = [(script, keys, args) for script, keys, args in calls if args is not None]
+        if len(sent) == len(calls):
+            return await self._send_scripts(sent)
+        merged: dict[tuple[AsyncScript, int], dict[str, None]] = {}
+        for script, keys, args in calls:
+            if args is None:
+                slot = self.client.keyslot(keys[0]) if self.clustered else 0
+                merged.setdefault((script, slot), {}).update(dict.fromkeys(keys))
+        reads = [(script, list(keys), []) for (script, _), keys in merged.items()]
+        replies = await self._send_scripts(sent + reads)
+        values: dict[tuple[AsyncScript, str], object] = {}
+        for (script, keys, _), reply in zip(reads, replies[len(sent) :], strict=True):
+            each = [reply] * len(keys) if isinstance(reply, Exception) else reply
+            values.update(((script, key), value) for key, value in zip(keys, each, strict=True))
+        outcomes = iter(replies[: len(sent)])
+        return [next(outcomes) if args is not None else _read(script, keys, values) for script, keys, args in calls]
 
     async def _send_scripts(self, calls: list[tuple[AsyncScript, list, list]]) -> list:
         if len(calls) == 1:
@@ -619,6 +659,12 @@ class PresenceStore:
     async def close(self) -> None:
         """Close the client's connections."""
         await self.client.aclose()
+
+
+def _read(script: AsyncScript, keys: list, values: dict[tuple[AsyncScript, str], object]) -> list | Exception:
+    """One `read_each` caller's values, or the error its keys' call failed with."""
+    read = [values[(script, key)] for key in keys]
+    return next((value for value in read if isinstance(value, Exception)), read)
 
 
 async def _outcome(call: Awaitable[T]) -> T | Exception:

@@ -2,6 +2,7 @@
 
 import asyncio
 
+from presence import actions
 from presence.keys import user_tag
 from presence.status import (
     DEVICES_SCRIPT,
@@ -81,3 +82,42 @@ async def test_reads_made_together_go_in_one_call_with_each_key_once(redis_clien
     assert second == {"b": (Status(), True), "c": (Status(status="busy"), False), "d": (Status(), False)}
     # Four users, each read once, though six were asked for.
     assert redis_client.info("commandstats")["cmdstat_hmget"]["calls"] == 4
+
+
+async def test_a_read_goes_in_the_batch_of_other_scripts_and_its_failure_fails_only_its_readers(
+    redis_client, close_presence_service
+):
+    store = actions.service().store
+    redis_client.hset(status_key(ENV, "a"), mapping={**Status(status="busy").cache_fields(), "idle": "0"})
+    redis_client.set(status_key(ENV, "broken"), "not a hash")
+    read, fill = store.script(READ_SCRIPT), store.script(FILL_SCRIPT)
+    filled = Status(status="dnd").cache_fields()
+    fields = [part for pair in filled.items() for part in pair]
+    await store.read_each(read, [status_key(ENV, "a")])  # both scripts loaded before counting
+    await store.run_script(fill, [status_key(ENV, "e")], fields)
+    redis_client.delete(status_key(ENV, "e"))
+    redis_client.config_resetstat()
+    # Made together: one round trip, the fill beside one READ call with "a" once.
+    outcomes = await asyncio.gather(
+        store.run_script(fill, [status_key(ENV, "e")], fields),
+        store.read_each(read, [status_key(ENV, "a")]),
+        store.read_each(read, [status_key(ENV, "a"), status_key(ENV, "broken")]),
+        return_exceptions=True,
+    )
+    stats = redis_client.info("commandstats")
+    assert (stats["cmdstat_evalsha"]["calls"], stats["cmdstat_hmget"]["calls"]) == (2, 2)
+    # The fill ran; the broken key failed the READ call for both of its readers.
+    assert outcomes[0] == 0
+    assert redis_client.hgetall(status_key(ENV, "e")) == filled
+    assert all("WRONGTYPE" in str(outcome) for outcome in outcomes[1:])
+
+    # Without the broken key, each reader gets its own values.
+    first, second = await asyncio.gather(
+        store.read_each(read, [status_key(ENV, "a")]),
+        store.read_each(read, [status_key(ENV, "e"), status_key(ENV, "a")]),
+    )
+    assert [Status.from_cache(values) for values in first + second] == [
+        Status(status="busy"),
+        Status(status="dnd"),
+        Status(status="busy"),
+    ]

@@ -21,6 +21,9 @@ from redis.sentinel import Sentinel
 
 # Short: a sentinel that does not answer is skipped for the next one.
 SENTINEL_TIMEOUT_SECONDS = 0.5
+# Connecting to a Redis whose host is gone (rather than its process) fails after this, not when
+# TCP gives up minutes later: the channel layer's publishes and subscriptions wait on it.
+CONNECT_SECONDS = 1.0
 
 
 def _through_sentinels(url: str) -> bool:
@@ -41,11 +44,12 @@ def _master_options(url: str) -> dict[str, Any]:
 def layer_host(url: str, sentinels: list[tuple[str, int]], master: str) -> dict[str, Any]:
     """The channels-redis host entry for the Redis at `url`, through `sentinels` when there are any."""
     if not sentinels:
-        return {"address": url}
+        return {"address": url, "socket_connect_timeout": CONNECT_SECONDS}
     return {
         "sentinels": list(sentinels),
         "master_name": master,
         "sentinel_kwargs": {"socket_timeout": SENTINEL_TIMEOUT_SECONDS},
+        "socket_connect_timeout": CONNECT_SECONDS,
         **_master_options(url),
     }
 

@@ -53,21 +53,18 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AskError, AuthorizationError, ClusterDownError, MovedError, TryAgainError
 
 from relay.logging import Event, log_event
+from relay.redis_clients import CONNECT_SECONDS
 from relay.transport.pubsub import (
     CONFIRM_SECONDS,
+    PUBLISH_SECONDS,
     RECONNECT_SECONDS,
     RelayPubSubChannelLayer,
     RelayPubSubLoopLayer,
     _Shard,
 )
 
-# Connecting to a master that is gone (a host down rather than a process) must not stall a resync,
-# nor reading the slot map from one that went silent.
-CONNECT_SECONDS = 1.0
+# Reading the slot map from a node that went silent must not stall a resync.
 TOPOLOGY_SECONDS = 1.0
-# A publish to a master that went silent fails after this (and is retried on the new slot map)
-# instead of stalling its sender until TCP gives up.
-PUBLISH_SECONDS = 5.0
 # How long a send whose slot has no master (a failover under way, the cluster down) is tried
 # again, every RECONNECT_SECONDS, before it fails: the layer's `publish_retry_seconds`, which
 # Relay's settings make the presence TTL less one refresh interval (relay/settings.py).

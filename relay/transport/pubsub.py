@@ -58,6 +58,10 @@ TARGET_KEY = "__relay_channel__"
 CONFIRM_SECONDS = 1.0
 # How soon a lost pub/sub connection is tried again.
 RECONNECT_SECONDS = 0.05
+# A publish to a Redis that went silent fails after this instead of stalling its sender (a chat
+# send, a transition) until TCP gives up. Not a socket timeout: the pub/sub connection shares the
+# pool's options, and its read waits for the next message however long that takes.
+PUBLISH_SECONDS = 5.0
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +258,7 @@ class _Shard(RedisSingleShardConnection):
         # The lock serialises (un)subscribes on the one pub/sub connection; a PUBLISH goes over
         # the pool, and holding the lock made every publish of the process wait for the one before.
         self._ensure_redis()
-        await self._redis.publish(channel, message)
+        await asyncio.wait_for(self._redis.publish(channel, message), PUBLISH_SECONDS)
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
         """PUBLISH each (channel, payload) in one pipelined round trip."""
@@ -262,7 +266,7 @@ class _Shard(RedisSingleShardConnection):
         pipe = self._redis.pipeline(transaction=False)
         for channel, payload in messages:
             pipe.publish(channel, payload)
-        await pipe.execute()
+        await asyncio.wait_for(pipe.execute(), PUBLISH_SECONDS)
 
     def _receive_message(self, message: dict | None) -> None:
         if message is not None:

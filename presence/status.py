@@ -20,7 +20,6 @@ a status never reaches a watcher ahead of the user's `online`, nor after their `
 decided.
 """
 
-import asyncio
 import functools
 import logging
 import uuid
@@ -38,7 +37,7 @@ from redis.commands.core import AsyncScript
 
 from presence import actions
 from presence.fabric import STATUS_CHANGE, State, group_name, transition_message
-from presence.keys import user_bucket, user_tag
+from presence.keys import user_tag
 from presence.models import UserStatus
 from presence.queries import channel_ids_of_member
 from presence.reads import sync_client
@@ -278,7 +277,7 @@ async def cached_statuses(
 
 
 # Each key's status fields and idle (false where absent), for many users in one call: all keys of
-# one bucket on a Redis Cluster, any keys on one Redis. The default status is only its idle, 0 or
+# one slot on a Redis Cluster, any keys on one Redis. The default status is only its idle, 0 or
 # 1: most users have it, and a snapshot's reply is read off the socket a chunk per turn of a
 # busy loop.
 READ_SCRIPT = """
@@ -297,22 +296,10 @@ _NOTHING_CACHED = (None,) * 6
 
 
 async def _read_cache(environment_id: str, user_ids: Sequence[str]) -> list:
-    """READ_SCRIPT's reply for each of `user_ids`, in order: one read per bucket on a Redis
-    Cluster (a call's keys are of one slot), one read of them all on one Redis."""
+    """READ_SCRIPT's reply for each of `user_ids`, in order."""
     store = actions.service().store
-    script = store.script(READ_SCRIPT)
     keys = [status_key(environment_id, user_id) for user_id in user_ids]
-    if not store.clustered:
-        return await store.read_each(script, keys)
-    by_bucket: dict[int, list[int]] = {}
-    for index, user_id in enumerate(user_ids):
-        by_bucket.setdefault(user_bucket(environment_id, user_id), []).append(index)
-    replies = await asyncio.gather(*(store.read_each(script, [keys[i] for i in at]) for at in by_bucket.values()))
-    values: list = [None] * len(keys)
-    for at, reply in zip(by_bucket.values(), replies, strict=True):
-        for index, value in zip(at, reply, strict=True):
-            values[index] = value
-    return values
+    return await store.read_each(store.script(READ_SCRIPT), keys)
 
 
 # A connect's fill of the user's cached status, sent in the election's round trip ahead of it,

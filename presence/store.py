@@ -236,12 +236,12 @@ class PresenceStore:
         return await self._scripts.submit((script, keys, args))
 
     async def read_each(self, script: AsyncScript, keys: list[str]) -> list:
-        """`script`'s value of each of `keys` (all of one slot), in the next batch of script calls.
+        """`script`'s value of each of `keys`, in the next batch of script calls.
 
         For a read without ARGV whose reply holds one value per key, in order. The batch's reads of
-        one script and slot go as ONE call with each key once: a burst of connects into one channel
-        reads its members' statuses once per round trip, not once per connect (a thousand connects
-        into a room of a thousand were megabytes of keys sent).
+        one script go as ONE call per slot (any call on one Redis) with each key once: a burst of
+        connects into one channel reads its members' statuses once per round trip, not once per
+        connect (a thousand connects into a room of a thousand were megabytes of keys sent).
         """
         if not keys:
             return []
@@ -255,8 +255,8 @@ class PresenceStore:
         merged: dict[tuple[AsyncScript, int], dict[str, None]] = {}
         for script, keys, args in calls:
             if args is None:
-                slot = self.client.keyslot(keys[0]) if self.clustered else 0
-                merged.setdefault((script, slot), {}).update(dict.fromkeys(keys))
+                for key in keys:
+                    merged.setdefault((script, self.client.keyslot(key) if self.clustered else 0), {})[key] = None
         reads = [(script, list(keys), []) for (script, _), keys in merged.items()]
         replies = await self._send_scripts(sent + reads)
         values: dict[tuple[AsyncScript, str], object] = {}

@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from presence import actions
 from presence.keys import user_tag
 from presence.status import (
@@ -13,8 +15,10 @@ from presence.status import (
     devices_key,
     status_key,
 )
+from presence.store import PresenceStore, Timings
 
 ENV = "00000000-0000-0000-0000-000000000001"
+TIMINGS = Timings(grace=600, ttl=1000, refresh=200, margin=100, max_connections=3)
 
 
 def run(redis_client, op: str, ttl: int, *args: str) -> list[int]:
@@ -121,3 +125,25 @@ async def test_a_read_goes_in_the_batch_of_other_scripts_and_its_failure_fails_o
         Status(status="dnd"),
         Status(status="busy"),
     ]
+
+
+@pytest.mark.cluster
+async def test_on_a_cluster_one_read_of_users_in_many_slots_gets_each_ones_values(redis_cluster):
+    # A call whose keys span slots fails CROSSSLOT, which a snapshot would hide (it falls back to
+    # the table): the batch must split the read by slot and put the replies back in order.
+    redis_cluster.flush()
+    host, port = redis_cluster.addresses[0].rsplit(":", 1)
+    store = PresenceStore("redis://", TIMINGS, cluster_nodes=[(host, int(port))])
+    users = [f"u{i}" for i in range(40)]
+    keys = [status_key(ENV, user) for user in users]
+    try:
+        assert len({store.client.keyslot(key) for key in keys}) > 1
+        for user, key in zip(users[::3], keys[::3], strict=True):
+            await store.client.hset(key, mapping={**Status(status="busy", text=user).cache_fields(), "idle": "0"})
+        read = store.script(READ_SCRIPT)
+        values, again = await asyncio.gather(store.read_each(read, keys), store.read_each(read, keys[::-1]))
+        expected = [Status(status="busy", text=user) if i % 3 == 0 else None for i, user in enumerate(users)]
+        assert [Status.from_cache(value) if isinstance(value, list) else None for value in values] == expected
+        assert again == values[::-1]
+    finally:
+        await store.close()

@@ -282,8 +282,9 @@ class PresenceService:
             # A refresh in flight was built before this close and still carries the connection.
             # Reaching Redis after the release, it would put the slot back and stretch the key to
             # the TTL again: the grace check would find the user online, and their `offline`
-            # would wait for the reaper. The release goes once Redis has answered it.
-            await refreshing
+            # would wait for the reaper. The release goes once Redis has answered it. (Shielded:
+            # a cancelled await would cancel the shared future, under its other waiters too.)
+            await asyncio.shield(refreshing)
         # AWAITED before the timer is armed: the re-pin's round trip then sits inside the wait
         # instead of racing the check (docs/presence.md, The races: the margin).
         epoch = await self.store.release(conn.environment_id, conn.user_id, conn.connection_id, last_local=last_local)
@@ -326,7 +327,7 @@ class PresenceService:
         """
         refreshing = self._refreshing
         if refreshing is not None:
-            await refreshing
+            await asyncio.shield(refreshing)
         if invisible:
             await self.store.channels_gone([(user_id, channels)])
         else:

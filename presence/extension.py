@@ -201,7 +201,9 @@ async def _repair_when_redis_answers(conn: Connection, after: float | None = Non
         # lost (emptied, or expired in a pause longer than the TTL), silently for those watchers
         # still believe online, within `Timings.rejoin`. Read before that, they would be missing.
         service = actions.service()
-        await service.next_answer()
+        # Shielded: the future is every waiting repair's, and a cancelled await cancels what it
+        # awaits; one connection closing would cancel the repairs of all the others.
+        await asyncio.shield(service.next_answer())
         await service.clock.sleep(service.timings.rejoin / 1000)
     # From here on the connection's transitions queue behind the repair, which reads after them.
     delivery.fanout().gone(conn)

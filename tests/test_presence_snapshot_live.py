@@ -208,6 +208,31 @@ async def test_a_watcher_whose_snapshot_redis_did_not_answer_learns_of_a_co_memb
         server.close()
 
 
+async def test_a_watcher_closing_before_redis_answers_leaves_the_other_watchers_repairs_owed(live_instances, acme):
+    # linh connects twice while Redis is down: both snapshots go out empty and both connections
+    # wait for Redis to answer before their repair. One closes meanwhile. The other must still be
+    # told who stayed online, as a lone watcher is.
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(RELAY_REDIS_URL=server.url))
+        tuan = await connect(b, acme, "tuan")
+        server.stop()
+        linh = await connect(a, acme, "linh")
+        leaving = await connect(a, acme, "linh")
+        for client in (linh, leaving):
+            assert client.of_type("presence.snapshot") == [{"online": [], "status": {}}]
+        await leaving.close()
+        await logged(a, "connection.closed", connection_id=leaving.of_type("connection.ack")[0]["connection_id"])
+        server.start()
+
+        await linh.wait_for(lambda client: "tuan" in view(client))
+        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await logged(a, "presence.repaired", connection_id=linh.of_type("connection.ack")[0]["connection_id"])
+        await close_all(linh, tuan)
+    finally:
+        server.close()
+
+
 async def test_a_user_added_right_after_redis_restarted_empty_is_announced_once_their_holder_re_elects_them(
     live_instances, acme
 ):

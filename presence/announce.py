@@ -81,12 +81,19 @@ def member_added(
         # Redis may have lost the user's key moments ago: they may be online all the same, their
         # holder not having re-elected them yet (in silence). Asked again once it has.
         async_to_sync(_announce_if_settling)(environment_id, user.external_id, publish, len(watchers))
+    else:
+        # Redis did not answer: no later transition would tell these members, whose view of the
+        # user starts now, so it is asked again until Redis answers.
+        async_to_sync(_announce_when_redis_answers)(environment_id, user.external_id, publish, len(watchers))
 
 
-# Announcements waiting for a re-election, on the process's event loop (bounded: an API client
-# adding members in bulk right after a data loss queues no more than this).
+# Announcements waiting for a re-election or for Redis to answer, on the process's event loop
+# (bounded: an API client adding members in bulk during an outage queues no more than this).
 _later: set[asyncio.Task] = set()
 MAX_LATER = 10_000
+# How long an announcement Redis did not answer is asked again (an outage longer than this is
+# an operator's to see in `presence.failed`).
+RETRY_SECONDS = 300
 
 
 async def _announce_if_settling(
@@ -97,9 +104,40 @@ async def _announce_if_settling(
     service = actions.service.existing()  # none: this process holds no connection to know by
     delay = service.unsettled_for() if service else 0
     if delay and len(_later) < MAX_LATER:
-        task = asyncio.ensure_future(_announce_after(delay, environment_id, user_id, publish, watchers))
-        _later.add(task)
-        task.add_done_callback(_later.discard)
+        _keep(asyncio.ensure_future(_announce_after(delay, environment_id, user_id, publish, watchers)))
+
+
+def _keep(task: asyncio.Task) -> None:
+    _later.add(task)
+    task.add_done_callback(_later.discard)
+
+
+async def _announce_when_redis_answers(
+    environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
+) -> None:
+    if len(_later) < MAX_LATER:
+        _keep(asyncio.ensure_future(_announce_again(environment_id, user_id, publish, watchers)))
+
+
+async def _announce_again(
+    environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
+) -> None:
+    """Ask every refresh interval, for up to `RETRY_SECONDS`, until Redis answers.
+
+    The same payload each time, so the same transition id: a watcher that got an earlier attempt
+    whose reply was lost drops this one as a copy.
+    """
+    interval = Timings.from_settings().refresh / 1000
+    deadline = time.monotonic() + RETRY_SECONDS
+    while time.monotonic() < deadline:
+        await asyncio.sleep(interval)
+        announced = await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish)
+        if announced:
+            log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=watchers)
+        elif announced is False:
+            await _announce_if_settling(environment_id, user_id, publish, watchers)
+        if announced is not None:
+            return
 
 
 async def _announce_after(

@@ -136,6 +136,33 @@ async def test_changes_made_while_redis_is_silent_answer_and_reach_the_connectio
     await close_all(linh, tuan)
 
 
+async def test_a_member_added_while_redis_is_silent_is_announced_to_the_channel_once_it_answers(
+    live_instances, acme, private_redis, closing
+):
+    # mai shares no channel with tuan until he is added to hers while Redis is paused: the
+    # announcement's script gets no answer, and no transition of his would tell her later.
+    await add_user(acme, "mai")
+    ops = await add_channel(acme, "ops", "public", ("mai",))
+    gw0, gw1 = live_instances(2, RELAY_REDIS_URL=private_redis.url, **timings(ttl=20_000, refresh=1000))
+    tuan = await closing(connect(gw1, acme, "tuan"))
+    mai = await closing(connect(gw0, acme, "mai"))
+    assert "tuan" not in mai.of_type("presence.snapshot")[0]["online"]
+
+    private_redis.pause()
+    try:
+        status, _ = await asyncio.to_thread(
+            http, "PUT", f"{gw0.http_url}/v1/channels/{ops.id}/members/tuan", api_key=acme.api_key
+        )
+        assert status == 201
+        await logged(gw0, "presence.failed", op="announce")
+    finally:
+        private_redis.resume()
+    await logged(gw0, "presence.announced", user="tuan")
+    await mai.wait_for(lambda c: any(change["user"] == "tuan" for change in c.changes()))
+    assert mai.changes("tuan") == [{"user": "tuan", "state": "online"}]
+    await close_all(mai, tuan)
+
+
 async def test_a_removal_whose_process_died_before_its_notice_still_reaches_the_member(live_instances, acme, closing):
     fleet, general = acme.channels["fleet"], acme.channels["general"]
     gw0, gw1 = live_instances(2, **timings())

@@ -11,6 +11,7 @@ its own connections.
 import asyncio
 import functools
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
@@ -169,17 +170,23 @@ class PresenceService:
         self._answered: asyncio.Future | None = None
         # Until when (monotonic s) a read may miss users still to be re-elected (`unsettled_for`).
         self._settles_at = 0.0
+        # When (monotonic s) the last answered refresh began, and (`lost_before`) the last time a
+        # refresh found this instance's users' keys gone: when the answered one before it began
+        # (Redis lost them after that), and when it found them gone.
+        self._answered_began = -math.inf
+        self._lost = (math.inf, -math.inf)
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
         self, conn: Connection, watch: Sequence[str], large: Collection[str] = ()
-    ) -> tuple[list[str], dict[str, int], int] | None:
+    ) -> tuple[list[str], dict[str, int], int, int, str | None] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
         Returns which of `watch` are online and how many are in each `large` channel, read in
-        the same round trip after the election, and for how long (ms) that read may still miss
+        the same round trip after the election, for how long (ms) that read may still miss
         users whose holders have not re-elected them in a Redis that lost its data (0: it
-        cannot); None when Redis did not answer. Raises
+        cannot), for how long (ms) this instance may yet find that it did (`_young`) and the
+        epoch of the user's bucket it was read in; None when Redis did not answer. Raises
         ConnectionRefused(4429) when the user already holds the maximum of connections
         anywhere; nothing is changed then. With Redis unreachable the connection is admitted
         (presence must not take sockets down with it) and the refresh announces it later.
@@ -236,7 +243,9 @@ class PresenceService:
             await self.publish(
                 conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
             )
-        return election.online, election.occupancy, self._unsettled(election)
+        unsettled = self._unsettled(election)
+        young = 0 if unsettled else self._young(election)
+        return election.online, election.occupancy, unsettled, young, election.epoch
 
     def _unsettled(self, election: Election) -> int:
         """For how long (ms) the election's snapshot may miss users still to be re-elected.
@@ -250,6 +259,26 @@ class PresenceService:
         if election.epoch is None:
             return 0
         return round(self.unsettled_for() * 1000)
+
+    def _young(self, election: Election) -> int:
+        """For how long (ms) this instance's refresh may still find that the election read a Redis that lost its data.
+
+        An election in a young epoch may have run after Redis restarted empty and before this
+        instance's refresh found its users' keys gone, which it does within `Timings.rejoin` of
+        the epoch's start (and one interval more for the refresh in flight then).
+        """
+        if election.epoch is None:
+            return 0
+        return max(0, self.timings.rejoin + self.timings.refresh - election.epoch_age_ms)
+
+    def lost_before(self, moment: float) -> bool:
+        """Whether Redis may have lost its data before `moment` (monotonic s), found out only after it.
+
+        That is, the last refresh to find this instance's users' keys gone came after `moment`,
+        and the refresh answered before it (which found them there) began before `moment`.
+        """
+        began, found = self._lost
+        return began <= moment <= found
 
     def _settling(self, left_ms: float) -> None:
         self._settles_at = max(self._settles_at, time.monotonic() + left_ms / 1000)
@@ -546,6 +575,7 @@ class PresenceService:
             for channel_id in channels:
                 seen.setdefault(channel_id, []).append(user_id)
         self._refreshing = asyncio.get_running_loop().create_future()
+        began = time.monotonic()
         try:
             reply = await self.store.refresh(sent)
             await self.store.channels_seen(seen, self.timings.seen_for)
@@ -562,7 +592,9 @@ class PresenceService:
         for name in unwritten:
             snapshot[name][1].written = None  # sent again next time
         if vanished:
+            self._lost = (self._answered_began, time.monotonic())
             self._settling(self.timings.rejoin)
+        self._answered_began = began
         for name, had_marker in vanished:
             subject, held, _, _ = snapshot[name]
             suppressed(subject[1], "online", VANISHED)

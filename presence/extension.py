@@ -3,6 +3,7 @@
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Sequence
 
 from presence import actions, delivery, handlers, reads
@@ -31,6 +32,11 @@ REPAIR = "presence.repair"
 OCCUPANCY_KEY = "presence.occupancy"
 # For how long (ms) the snapshot read at the election may miss users still to be re-elected.
 UNSETTLED_KEY = "presence.unsettled"
+# For how long (ms) this instance may yet find that the snapshot was read in a Redis that lost its
+# data, and when (monotonic s) it was read.
+YOUNG_KEY = "presence.young"
+# The timer that then repairs the connection, or lets its kept view go.
+VIEW_CHECK_KEY = "presence.view_check"
 # The event, on the connection's own queue, that tells it who a channel it joined made visible.
 ANNOUNCE_CHANNEL = "presence.announce_channel"
 
@@ -69,13 +75,15 @@ class PresenceExtension(registry.Extension):
         watch, large = conn.loaded.get(self) or (None, frozenset())
         delivery.fanout().modes(conn.channel_ids, large)
         read = await actions.service().connect(conn, watch or (), large)
-        online, occupancy, unsettled = read or (None, {}, 0)
+        online, occupancy, unsettled, young, epoch = read or (None, {}, 0, 0, None)
         if watch is not None:
             # None: Redis did not answer the election (nor so the snapshot's read).
             conn.state[SNAPSHOT_KEY] = None if online is None else sorted(online)
             conn.state[OCCUPANCY_KEY] = occupancy
             if unsettled:
                 conn.state[UNSETTLED_KEY] = unsettled
+            elif young:
+                conn.state[YOUNG_KEY] = (young, time.monotonic(), epoch)
 
     async def opened(self, conn: Connection) -> None:
         repair: tuple[float | None] | None = None
@@ -116,6 +124,14 @@ class PresenceExtension(registry.Extension):
             # the repair tells this watcher those its view still lacks.
             conn.state[delivery.VIEW_KEY] = set(shown)
             return (unsettled / 1000,)
+        if young := conn.state.pop(YOUNG_KEY, None):
+            # Read in a young epoch, maybe just after Redis restarted empty and before this
+            # instance's refresh found out (the read then misses co-members not re-elected yet,
+            # whose re-election is silent): the view is kept until the refresh would have.
+            conn.state[delivery.VIEW_KEY] = set(shown)
+            left, read_at, epoch = young
+            check = asyncio.get_running_loop().call_later(left / 1000, _check_view, conn, read_at, epoch)
+            conn.state[VIEW_CHECK_KEY] = check
         return None
 
     async def channel_added(self, conn: Connection, channel_id: str) -> None:
@@ -151,6 +167,8 @@ class PresenceExtension(registry.Extension):
         delivery.fanout().gone(conn)
         if repair := conn.state.pop(REPAIR_TASK_KEY, None):
             repair.cancel()
+        if check := conn.state.pop(VIEW_CHECK_KEY, None):
+            check.cancel()
         await actions.service().disconnect(conn)
 
 
@@ -183,6 +201,29 @@ async def presence_announce_channel(conn: Connection, message: dict) -> None:
     """Tell the connection who a channel it joined while Redis was settling made visible, if it still has it."""
     if message["channel"] in conn.channel_ids:
         await _announce_channel(conn, message["channel"])
+
+
+def _check_view(conn: Connection, read_at: float, epoch: str) -> None:
+    """Repair a snapshot this instance has since found read in a Redis that lost its data; else drop the kept view."""
+    conn.state.pop(VIEW_CHECK_KEY, None)
+    pending = conn.state.get(REPAIR_TASK_KEY)
+    if pending is not None and not pending.done():
+        return  # that repair reads the view
+    if actions.service().lost_before(read_at):
+        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_if_read_after_the_loss(conn, epoch))
+    else:
+        conn.state.pop(delivery.VIEW_KEY, None)
+
+
+async def _repair_if_read_after_the_loss(conn: Connection, epoch: str) -> None:
+    # Its user's bucket still in the epoch of the read: the read came after the loss began it.
+    # In another: before the loss, and whole (a refresh has re-elected the user in a new one).
+    service = actions.service()
+    now = await service.store.epoch(conn.environment_id, conn.user_id)
+    if now is not None and now != epoch:
+        conn.state.pop(delivery.VIEW_KEY, None)
+        return
+    await _repair_when_redis_answers(conn, service.unsettled_for())
 
 
 def _owe_repair(conn: Connection, after: float | None = None) -> None:

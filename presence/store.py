@@ -557,6 +557,14 @@ class PresenceStore:
 
         await self.call(op, lambda: asyncio.gather(*(self._seen(c, for_ms, "", users) for c, users in seen.items())))
 
+    async def epoch(self, environment_id: str, user_id: str) -> str | None:
+        """The epoch the user's bucket is in now ("" when it has none); None when Redis did not answer."""
+
+        async def work() -> str:
+            return as_text(await self.client.get(user_epoch_key(environment_id, user_id)) or b"")
+
+        return await self.call("epoch", work)
+
     async def occupancy(self, channel_ids: Sequence[str]) -> dict[str, int] | None:
         """How many are online in each channel now, one count per channel; None on failure."""
 

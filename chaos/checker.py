@@ -596,9 +596,18 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
 
     # When each message was first acked, per channel in time order; and the highest seq by then.
     first_acks: dict[tuple[str, int], float] = {}
-    for when, _, payload in history.acks:
+    # When it was first sent: it was stored in between, which a reader stalled past its ack
+    # stretches to seconds.
+    first_sends: dict[tuple[str, str], float] = {}
+    for when, conn_id, frame in history.sends:
+        if frame.get("type") == "message.send":
+            first_sends.setdefault((conn_id, (frame.get("payload") or {}).get("idem_key")), when)
+    sent_at: dict[tuple[str, int], float] = {}
+    for when, conn_id, payload in history.acks:
         key = (payload["channel"], payload["seq"])
         first_acks[key] = min(when, first_acks.get(key, when))
+        sent = first_sends.get((conn_id, payload["idem_key"]), when)
+        sent_at[key] = min(sent, sent_at.get(key, sent))
     stored_at: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for (channel, seq), when in sorted(first_acks.items(), key=lambda item: item[1]):
         stored_at[channel].append((when, seq))
@@ -661,8 +670,9 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
                     conn.t_ack + slack,
                 )
 
-    # Live delivery: every member's connection open around an ack got the message (a resend's ack
-    # answers the first send's message: the first ack is when it was stored).
+    # Live delivery: every member's connection open from the send to the ack got the message (a
+    # resend's ack answers the first send's message: it was stored between the first send and
+    # the first ack).
     for channel, stored in stored_at.items():
         times = [when for when, _ in stored]
         for conn in history.conns.values():
@@ -671,8 +681,12 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
             low = bisect.bisect_left(times, conn.snapshot_t + slack)
             high = bisect.bisect_right(times, conn.t_close - slack)
             for when, seq in stored[low:high]:
+                since = sent_at[(channel, seq)]
+                if since < conn.snapshot_t + slack:
+                    continue
                 true, _ = history.memberships.channels(conn.tenant, conn.user, when)
-                if channel not in true or excused(conn, channel, when, when):
+                before, _ = history.memberships.channels(conn.tenant, conn.user, since)
+                if channel not in true or channel not in before or excused(conn, channel, since, when):
                     continue
                 checks += 1
                 if seq not in received.get((conn.id, channel), set()):

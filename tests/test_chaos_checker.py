@@ -169,6 +169,39 @@ def test_live_messages_out_of_seq_order_are_counted_but_allowed():
     assert report.operations["live_reorders"] == 1
 
 
+def test_a_message_acked_late_to_a_stalled_sender_is_owed_to_connections_open_since_it_was_sent():
+    # u1's reader stalls from 11 s to 14 s: seq 2, stored at once, has its ack read at 14 s.
+    records = [
+        {**record, "t": 14.0}
+        if record["k"] == "recv"
+        and record["conn"] == "a/u1#0.1"
+        and record["frame"]["type"] == "message.ack"
+        and record["frame"]["payload"]["seq"] == 2
+        else record
+        for record in clean()
+    ]
+    records.append({"k": "fault", "t": 11.0, "t_end": 14.0, "fault": "stall", "target": "a/u1#0.1"})
+
+    def with_a1(at: float, online: list[str], heard: list[dict]) -> list[dict]:
+        """a1 connects at `at`, is announced to the others, hears `heard` and closes with the rest."""
+        a1 = "a/a1#0.1"
+        joined = [
+            *connected(at, a1, "a", "a1", online),
+            changed(at + 0.15, "a/u1#0.1", "a1", ONLINE),
+            changed(max(at, 10.0) + 0.15, "a/u2#0.2", "a1", ONLINE),
+            *heard,
+            closed(26.0, a1),
+        ]
+        return sorted([*records, *joined], key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+
+    # Connected after the send, before the ack: the message was stored before it was there.
+    assert found(with_a1(12.5, ["a1", "u1", "u2"], [])) == {}
+    # Connected before the send, it is owed the message.
+    seq_3 = recv(12.05, "a/a1#0.1", "message.created", id="m3", channel="ca", seq=3, user="u2", text="hi")
+    before = with_a1(9.0, ["a1", "u1"], [changed(10.15, "a/a1#0.1", "u2", ONLINE), seq_3])
+    assert found(before) == {"messages": 1}
+
+
 def test_a_resume_whose_backlog_comes_after_a_live_message_is_caught():
     # u2 resumed from 0 after seq 1 was stored; a live seq 2 overtook the backlog.
     records = [

@@ -52,6 +52,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     return report
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (`make test`: `--dist loadgroup`), a file's tests stay on one worker, as
+    # they share module fixtures; the `heavy` tests form one group that runs first, one test at a
+    # time, so no two of them share the cores. This runs before xdist's own hook reads the groups.
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        heavy = item.get_closest_marker("heavy") is not None
+        item.add_marker(pytest.mark.xdist_group("heavy" if heavy else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Every server the suite talks to is on loopback. urllib (the health checks, the API calls)
     # and websockets (the clients) both follow HTTP(S)_PROXY from the environment, so behind a

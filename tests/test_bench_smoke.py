@@ -17,6 +17,8 @@ import pytest
 from bench.run import BASE_DIR
 from devtools.redis_cluster import find_cluster_redis_server
 
+pytestmark = pytest.mark.heavy
+
 KEYS = {
     "idle.connections",
     "idle.rss_kb_per_connection",

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import BASE_DIR
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
 
 SEED = 11
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tests.support import WAIT, Instance, WsClient, connect, heard, states, timings
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
 
 EXAMPLES = int(os.environ.get("RELAY_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support import Tenant, http
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
 
 # Per operation and phase; with the coverage and stateful phases, about 700 test cases.
 MAX_EXAMPLES = 25

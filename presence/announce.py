@@ -73,6 +73,7 @@ def member_added(
         # user's `offline` and leave a ghost. They hear the user's next transition.
         return
     environment_id = str(channel.environment_id)
+    read_at = time.monotonic()
     announced = announce(environment_id, user.external_id, publish)
     if announced:
         # A count: the ids would be a membership graph in a log file.
@@ -80,7 +81,7 @@ def member_added(
     elif announced is False:
         # Redis may have lost the user's key moments ago: they may be online all the same, their
         # holder not having re-elected them yet (in silence). Asked again once it has.
-        async_to_sync(_announce_if_settling)(environment_id, user.external_id, publish, len(watchers))
+        async_to_sync(_announce_if_settling)(environment_id, user.external_id, publish, len(watchers), read_at)
     else:
         # Redis did not answer: no later transition would tell these members, whose view of the
         # user starts now, so it is asked again until Redis answers.
@@ -91,19 +92,47 @@ def member_added(
 # (bounded: an API client adding members in bulk during an outage queues no more than this).
 _later: set[asyncio.Task] = set()
 MAX_LATER = 10_000
+# Announcements that found the user offline, waiting to learn whether Redis had just lost their
+# key (as many at most).
+_rechecks = 0
 # How long an announcement Redis did not answer is asked again (an outage longer than this is
 # an operator's to see in `presence.failed`).
 RETRY_SECONDS = 300
 
 
 async def _announce_if_settling(
-    environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
+    environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int, read_at: float
 ) -> None:
     # Only an instance that found its users' keys gone knows Redis lost data (a young epoch alone
     # is no sign); announced again otherwise, the user's own `online` could be heard twice.
+    global _rechecks
     service = actions.service.existing()  # none: this process holds no connection to know by
-    delay = service.unsettled_for() if service else 0
-    if delay and len(_later) < MAX_LATER:
+    if service is None:
+        return
+    if delay := service.unsettled_for():
+        if len(_later) < MAX_LATER:
+            _keep(asyncio.ensure_future(_announce_after(delay, environment_id, user_id, publish, watchers)))
+    elif _rechecks < MAX_LATER:
+        # Read maybe between Redis losing its data and this instance's refresh finding out (within
+        # `Timings.rejoin` and an interval): asked again if the refresh then does.
+        _rechecks += 1
+        again = (service.timings.rejoin + service.timings.refresh) / 1000
+        args = (service, read_at, environment_id, user_id, publish, watchers)
+        asyncio.get_running_loop().call_later(again, _announce_if_lost, *args)
+
+
+def _announce_if_lost(
+    service: actions.PresenceService,
+    read_at: float,
+    environment_id: str,
+    user_id: str,
+    publish: Sequence[tuple[str, bytes]],
+    watchers: int,
+) -> None:
+    global _rechecks
+    _rechecks -= 1
+    if service.lost_before(read_at) and len(_later) < MAX_LATER:
+        delay = service.unsettled_for()
         _keep(asyncio.ensure_future(_announce_after(delay, environment_id, user_id, publish, watchers)))
 
 
@@ -131,11 +160,12 @@ async def _announce_again(
     deadline = time.monotonic() + RETRY_SECONDS
     while time.monotonic() < deadline:
         await asyncio.sleep(interval)
+        read_at = time.monotonic()
         announced = await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish)
         if announced:
             log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=watchers)
         elif announced is False:
-            await _announce_if_settling(environment_id, user_id, publish, watchers)
+            await _announce_if_settling(environment_id, user_id, publish, watchers, read_at)
         if announced is not None:
             return
 

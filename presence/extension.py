@@ -149,7 +149,15 @@ class PresenceExtension(registry.Extension):
                 # and their re-election is silent. Told once every live holder has re-elected.
                 _later(conn, settling, {"type": ANNOUNCE_CHANNEL, "channel": channel_id})
             else:
-                await _announce_channel(conn, channel_id)
+                read_at = time.monotonic()
+                if (told := await _announce_channel(conn, channel_id)) is not None:
+                    # Maybe read just after Redis lost its data, before this instance's refresh
+                    # found out: asked again, for those not told, if the refresh then finds it.
+                    timings = actions.service().timings
+                    again = (timings.rejoin + timings.refresh) / 1000
+                    asyncio.get_running_loop().call_later(
+                        again, _announce_again_if_lost, conn, channel_id, read_at, told
+                    )
             return
         # A large channel is counted, not named: its count now, then as it changes.
         counts = await actions.service().store.occupancy([channel_id])
@@ -185,10 +193,18 @@ async def presence_status_change(conn: Connection, message: dict) -> None:
     await delivery.deliver(conn, message, functools.partial(parse_fabric, message))
 
 
-async def _announce_channel(conn: Connection, channel_id: str) -> None:
-    if not await reads.announce_new_co_members(conn, channel_id):
+async def _announce_channel(conn: Connection, channel_id: str, exclude: Sequence[str] = ()) -> list[str] | None:
+    told = await reads.announce_new_co_members(conn, channel_id, exclude)
+    if told is None:
         # Redis did not answer: who the new channel made visible is told with the repair.
         _owe_repair(conn)
+    return told
+
+
+def _announce_again_if_lost(conn: Connection, channel_id: str, read_at: float, told: list[str]) -> None:
+    service = actions.service()
+    if service.lost_before(read_at):
+        _later(conn, service.unsettled_for(), {"type": ANNOUNCE_CHANNEL, "channel": channel_id, "told": told})
 
 
 def _later(conn: Connection, delay: float, message: dict) -> None:
@@ -200,7 +216,7 @@ def _later(conn: Connection, delay: float, message: dict) -> None:
 async def presence_announce_channel(conn: Connection, message: dict) -> None:
     """Tell the connection who a channel it joined while Redis was settling made visible, if it still has it."""
     if message["channel"] in conn.channel_ids:
-        await _announce_channel(conn, message["channel"])
+        await _announce_channel(conn, message["channel"], message.get("told", ()))
 
 
 def _check_view(conn: Connection, read_at: float, epoch: str) -> None:

@@ -88,7 +88,7 @@ def members_newly_seeing(environment_id: str, user: User, channel_id: str, membe
     return sorted(members)
 
 
-async def announce_new_co_members(conn: Connection, channel_id: str) -> bool:
+async def announce_new_co_members(conn: Connection, channel_id: str, exclude: Collection[str] = ()) -> list[str] | None:
     """Tell a connection whose user just joined `channel_id` who it made visible and is online.
 
     Without this the client's state would miss them until their next transition, and "snapshot
@@ -96,20 +96,21 @@ async def announce_new_co_members(conn: Connection, channel_id: str) -> bool:
     connection joined the channel's presence group before this read (the consumer's
     `membership_changed`), so a transition racing it is queued behind these frames, as one
     racing the connect's snapshot is behind the snapshot. Users already visible through another
-    shared channel are left out: the client already knows their state. Returns False when the
-    presence Redis did not answer (logged by the store): nothing was told, and the caller owes it.
+    shared channel are left out: the client already knows their state, as are `exclude` (told by
+    an earlier read). Returns who was told; None when the presence Redis did not answer (logged
+    by the store): nothing was told, and the caller owes it.
     """
     others = set(conn.channel_ids) - {channel_id}
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
     online = await actions.service().store.online(conn.environment_id, candidates)
     hidden = await invisible_among(conn.environment_id, online or [])
     view = conn.state.get(VIEW_KEY)  # kept while a repair is due (presence/extension.py)
-    for user_id in online or ():
-        if user_id not in hidden:
-            if view is not None:
-                view.add(user_id)
-            await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
-    return online is not None
+    told = [user_id for user_id in online or () if user_id not in hidden and user_id not in exclude]
+    for user_id in told:
+        if view is not None:
+            view.add(user_id)
+        await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
+    return None if online is None else told
 
 
 async def snapshot(conn: Connection) -> list[str] | None:

@@ -317,6 +317,76 @@ async def test_a_user_added_to_a_channel_right_after_redis_restarted_empty_is_to
         server.close()
 
 
+@contextlib.asynccontextmanager
+async def frozen_before_an_empty_restart_is_noticed(
+    server: EmbeddedRedis, a: Instance, b: Instance, on_a: str, on_b: str
+) -> AsyncIterator[None]:
+    """b frozen while Redis restarts empty: the body runs at once, before a's refresh (every 2 s)
+    has found `on_a`'s key gone; then a finds it, b thaws and its refresh re-elects `on_b`."""
+    os.kill(b.process.pid, signal.SIGSTOP)
+    try:
+        server.stop()
+        server.start()
+        yield
+        await logged(a, "presence.suppressed", user=on_a, reason=actions.VANISHED)
+    finally:
+        os.kill(b.process.pid, signal.SIGCONT)
+    await logged(b, "presence.suppressed", user=on_b, reason=actions.VANISHED)
+
+
+async def test_a_user_added_right_after_redis_restarted_empty_but_before_it_was_noticed_is_told_who_it_made_visible(
+    live_instances, acme
+):
+    # mai joins tuan's channel before a has found out Redis restarted empty: the read of who it
+    # made visible misses tuan, whose holder is frozen; his re-election is silent.
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(ttl=6000, refresh=2000, margin=500, RELAY_REDIS_URL=server.url))
+        await add_user(acme, "mai")
+        ops = await add_channel(acme, "ops", "public", ("tuan",))
+        tuan = await connect(b, acme, "tuan")
+        mai = await connect(a, acme, "mai")
+        async with frozen_before_an_empty_restart_is_noticed(server, a, b, "mai", "tuan"):
+            status, _ = http("PUT", f"{a.http_url}/v1/channels/{ops.id}/members/mai", api_key=acme.api_key)
+            assert status == 201
+            sent = await mai.send_and_ack({"idem_key": "joined", "channel": str(ops.id), "text": "hi"})
+            assert sent["type"] == "message.ack"
+            assert "tuan" not in view(mai)
+
+        await mai.wait_for(lambda client: "tuan" in view(client))
+        probe = await barrier(a, acme, [mai], channel="ops")
+        assert mai.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(mai, tuan, probe)
+    finally:
+        server.close()
+
+
+async def test_a_user_added_right_after_redis_restarted_empty_but_before_it_was_noticed_is_announced(
+    live_instances, acme
+):
+    # tuan is added to mai's channel before a (which answers the request) has found out Redis
+    # restarted empty: the announcement finds his key not re-elected yet (his holder is frozen).
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(ttl=6000, refresh=2000, margin=500, RELAY_REDIS_URL=server.url))
+        await add_user(acme, "mai")
+        ops = await add_channel(acme, "ops", "public", ("mai",))
+        tuan = await connect(b, acme, "tuan")
+        mai = await connect(a, acme, "mai")
+        async with frozen_before_an_empty_restart_is_noticed(server, a, b, "mai", "tuan"):
+            status, _ = http("PUT", f"{a.http_url}/v1/channels/{ops.id}/members/tuan", api_key=acme.api_key)
+            assert status == 201
+            assert "tuan" not in view(mai)
+
+        await mai.wait_for(lambda client: "tuan" in view(client))
+        await logged(a, "presence.announced", user="tuan")
+        probe = await barrier(a, acme, [mai], channel="ops")
+        assert mai.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(mai, tuan, probe)
+    finally:
+        server.close()
+
+
 async def test_a_co_member_a_watcher_heard_come_online_before_its_repair_is_not_told_again(live_instances, acme):
     # linh's snapshot could not be read; tuan connects once Redis is back, before linh's repair
     # runs: she hears his `online` from the transition, and the repair, which tells her who is

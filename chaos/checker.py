@@ -644,7 +644,9 @@ def check_messages(history: History) -> tuple[list[Violation], int]:
                     conn.t_open,
                     arrivals[len(backlog) - 1][0],
                 )
-            if arrivals and arrivals[0][1] > position + 1:
+            # Only when the next one was surely stored before the connect: stored after it, it is a
+            # live message, and live ones may overtake each other (counted as live reorders).
+            if arrivals and arrivals[0][1] > position + 1 and stored_before(channel, conn.t_open - slack) > position:
                 when, seq = arrivals[0]
                 if not excused(conn, channel, conn.t_open, when):
                     report(

@@ -219,6 +219,26 @@ def test_a_resume_whose_backlog_comes_after_a_live_message_is_caught():
     assert any("not in seq order before live messages" in summary for summary in summaries), summaries
 
 
+def test_a_resume_whose_first_live_messages_race_each_other_is_not_a_skip():
+    # u2 resumed from 1 with nothing stored after it; seq 2 and 3 are stored after the connect and
+    # reach u2 out of order (live messages race on the channel layer): seq 3 arrives first.
+    records = [
+        {**record, "t": 12.1}
+        if record["k"] == "recv"
+        and record["conn"] == "a/u2#0.2"
+        and record["frame"]["type"] == "message.created"
+        and record["frame"]["payload"]["seq"] == 2
+        else record
+        for record in clean()
+    ]
+    records.sort(key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+
+    report = checker.check(records)
+
+    assert report.found["messages"] == 0
+    assert report.operations["live_reorders"] == 1
+
+
 def test_a_message_delivered_twice_is_caught():
     records = [*clean(), recv(12.5, "a/u1#0.1", "message.created", id="m3", channel="ca", seq=3, user="u2", text="hi")]
 

@@ -43,6 +43,7 @@ NEVER_RETRACTED = "its last online was never retracted (the instance that held i
 VANISHED = "key vanished under a live connection; re-electing"
 EPOCH_CHANGED = "redis lost its data since the close; asking again after a refresh"
 SETTLING = "redis lost its data moments ago; asking again once every holder re-elected its users"
+RECOVERING = "redis did not answer moments ago; asking again once every holder re-elected its users"
 SUPERSEDED = "its publish failed and the user's state has changed since"
 
 Subject = tuple[str, str]
@@ -175,6 +176,10 @@ class PresenceService:
         # (Redis lost them after that), and when it found them gone.
         self._answered_began = -math.inf
         self._lost = (math.inf, -math.inf)
+        # Whether Redis did not answer the last refresh (or grace check), and when (monotonic s) it
+        # next answered this instance (`_recovering_for`).
+        self._unanswered = False
+        self._back_at = -math.inf
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
@@ -270,6 +275,18 @@ class PresenceService:
         if election.epoch is None:
             return 0
         return max(0, self.timings.rejoin + self.timings.refresh - election.epoch_age_ms)
+
+    def _answered_again(self) -> None:
+        self._unanswered = False
+        self._back_at = time.monotonic()
+
+    def _recovering_for(self) -> float:
+        """Seconds until every live holder has had an answered refresh since Redis answered this instance again.
+
+        A connection let in while Redis did not answer its instance has no key until then, so a
+        grace check would take the user for gone. Learnt from this instance's own refresh.
+        """
+        return max(0.0, self._back_at + self.timings.rejoin / 1000 - time.monotonic())
 
     def lost_before(self, moment: float) -> bool:
         """Whether Redis may have lost its data before `moment` (monotonic s), found out only after it.
@@ -422,6 +439,16 @@ class PresenceService:
             if subject not in self.held and not self.closed:
                 self._arm_grace_check(subject, epoch, settling * 1000, last_seen_ms, token, tried)
             return
+        if self._unanswered and await self.store.epoch(environment_id, user_id) is not None:
+            # Redis answers again, and no refresh ran to learn it (this instance may hold nobody).
+            self._answered_again()
+        if recovering := self._recovering_for():
+            # Redis did not answer this instance moments ago: another instance may have let the
+            # user in meanwhile without an election, which its next answered refresh makes.
+            suppressed(user_id, "offline", RECOVERING)
+            if subject not in self.held and not self.closed:
+                self._arm_grace_check(subject, epoch, recovering * 1000, last_seen_ms, token, tried)
+            return
         retry = functools.partial(self._check_again, subject, epoch, last_seen_ms, token, tried)
         # The channels at the decision, not at the close: a channel the user was added to during
         # the grace may have heard them announced `online` (presence.announce), and must hear
@@ -439,6 +466,7 @@ class PresenceService:
             environment_id, user_id, epoch, publish or (), ordered, last_seen_ms, token=token
         )
         if reply is None:
+            self._unanswered = True
             # Logged as `presence.failed`. Asked again (the same marker election) rather than left:
             # a Redis blip at this moment would otherwise leave the user online for good. The
             # script may have run all the same, its reply lost: the retry, with the same token,
@@ -583,7 +611,10 @@ class PresenceService:
             self._refreshing.set_result(None)
             self._refreshing = None
         if reply is None:
+            self._unanswered = True
             return
+        if self._unanswered:
+            self._answered_again()
         if self._answered is not None and not self._answered.done():
             self._answered.set_result(None)
         vanished, unwritten = reply

@@ -17,9 +17,22 @@ import redis
 
 from chaos.deploy import Proxy
 from devtools.embedded_redis import EmbeddedRedis
-from presence.actions import VANISHED
+from presence.actions import RECOVERING, STILL_OPEN, VANISHED
 from presence.scripts import GRACE_CHECK, channels_key, marker_key, presence_key, user_epoch_key
-from tests.support import GRACE, REFRESH, TTL, barrier, close_all, connect, heard, logged, states, timings, until
+from tests.support import (
+    GRACE,
+    REFRESH,
+    TTL,
+    barrier,
+    close_all,
+    connect,
+    heard,
+    lines,
+    logged,
+    states,
+    timings,
+    until,
+)
 
 pytestmark = pytest.mark.live
 
@@ -160,3 +173,42 @@ async def test_a_grace_check_whose_reply_was_lost_still_publishes_the_offline(li
         await close_all(linh, probe)
     finally:
         proxy.stop()
+
+
+async def test_a_user_let_in_elsewhere_while_redis_was_silent_is_not_said_offline_by_a_grace_check(
+    live_instances, acme, presence_redis
+):
+    # tuan closes on b and, while presence's Redis is down, connects on a: let in without an
+    # election, he has no key until a's next answered refresh. b's grace check fails in the
+    # outage and is asked again; it must not take the missing key for his departure.
+    a, b = live_instances(
+        2, **timings(ttl=6000, grace=1500, refresh=1000, margin=300, RELAY_PRESENCE_REDIS_URL=presence_redis.url)
+    )
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    assert await heard(linh, "tuan", 1) == ["online"]
+    await tuan.close()
+    presence_redis.stop()
+    try:
+        back = await connect(a, acme, "tuan")
+        await logged(a, "presence.failed", op="admit")
+        await logged(b, "presence.failed", op="grace_check")
+        os.kill(a.process.pid, signal.SIGSTOP)
+    finally:
+        presence_redis.start()
+    try:
+        # a is frozen: only the wait for its refresh keeps b from deciding now.
+        offline = {"user": "tuan", "state": "offline"}
+        await until(
+            lambda: (
+                lines([b], "presence.published", **offline)
+                or lines([b], "presence.suppressed", **offline, reason=RECOVERING)
+            )
+        )
+    finally:
+        os.kill(a.process.pid, signal.SIGCONT)
+    await logged(b, "presence.suppressed", **offline, reason=STILL_OPEN)
+    probe = await barrier(a, acme, [linh])
+    assert lines([b], "presence.published", **offline) == []
+    assert "offline" not in states(linh, "tuan") and states(linh, "tuan")[-1] == "online"
+    await close_all(linh, back, probe)

@@ -12,7 +12,8 @@ REDIS_SERVER := /usr/bin/redis-server
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # Two test processes, each with its own Redis and test database: most of a live test waits on its
 # servers. A file's tests stay on one; the `heavy` tests run first, one at a time, on one of them
-# (tests/conftest.py). `make test PYTEST_WORKERS=` runs the suite in one process.
+# (tests/conftest.py). The `solo` tests then run alone. `make test PYTEST_WORKERS=` runs the
+# suite in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: run test test-postgres lint format bench bench-quick bench-smoke chaos soak clean
@@ -29,12 +30,13 @@ run: $(STAMP)
 ## Lint, check migrations, then the whole suite against a real Redis and a headless Chromium.
 test: $(STAMP) $(CHROMIUM) $(REDIS_SERVER) lint
 	DEBUG=1 $(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest $(PYTEST_WORKERS)
+	$(PY) -m pytest $(PYTEST_WORKERS) -m "not solo"
+	$(PY) -m pytest -m solo
 
 ## The same suite against a private PostgreSQL cluster (the production database).
 ## The benchmark smoke test is left out: the harness always builds its own SQLite world.
 test-postgres: $(STAMP) $(CHROMIUM) $(REDIS_SERVER)
-	scripts/with-postgres $(PY) -m pytest $(PYTEST_WORKERS) -m "not bench"
+	scripts/with-postgres sh -c '$(PY) -m pytest $(PYTEST_WORKERS) -m "not bench and not solo" && $(PY) -m pytest -m solo'
 
 # Installed only where missing (CI runs as root on a fresh machine).
 $(CHROMIUM):

@@ -194,7 +194,7 @@ def peak_rss_mb(instance) -> float:
     raise AssertionError("no VmHWM")
 
 
-@pytest.mark.heavy
+@pytest.mark.solo
 async def test_five_flooding_sockets_queue_a_bounded_input_and_an_innocent_user_still_gets_through(
     live_instances, acme
 ):

@@ -121,7 +121,7 @@ async def test_the_reapers_offline_never_lands_after_a_reconnects_online(
     await close_all(linh, tuan, probe, *returned)
 
 
-@pytest.mark.heavy
+@pytest.mark.solo
 async def test_a_dead_instances_ten_thousand_users_are_reaped_by_two_survivors_in_time(
     live_instances, acme, redis_url, closing
 ):

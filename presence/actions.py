@@ -627,13 +627,15 @@ class PresenceService:
             self._settling(self.timings.rejoin)
         self._answered_began = began
         for name, had_marker in vanished:
-            subject, held, _, _ = snapshot[name]
+            subject, held, _, channels = snapshot[name]
             suppressed(subject[1], "online", VANISHED)
             # If an `offline` went out meanwhile (the marker stood) or this user was never
             # announced (Redis was down at connect), watchers must hear `online` to converge.
+            # To the channels the refresh wrote with the key: the user's connections here may
+            # have closed while earlier ones were published (their close then decides after).
             if (had_marker or not held.confirmed) and not self.closed:
-                await self.publish(*subject, "online", held.channels(), hidden=held.invisible)
-                await self.store.write_event(*subject, "online", held.channels())
+                await self.publish(*subject, "online", sorted(channels), hidden=held.invisible)
+                await self.store.write_event(*subject, "online", sorted(channels))
         for _, held, _, _ in snapshot.values():
             held.confirmed = True
 

@@ -24,7 +24,7 @@ from devtools.embedded_redis import free_port
 from presence import actions
 from presence.fabric import group_name, transition_message
 from presence.models import UserStatus
-from presence.scripts import connections_key, presence_key
+from presence.scripts import connections_key, marker_key, presence_key
 from relay.asgi import application
 from relay.close_codes import TOO_MANY_CONNECTIONS
 from tests.support import Socket, add_channel, add_user, barrier, close_all, events, published, until
@@ -588,3 +588,42 @@ def test_admin_users_still_list_when_the_presence_store_is_down(acme, client, se
     assert page.status_code == 200
     assert page.content.decode().count('class="presence-unknown"') == 3
     assert list(client.get("/admin/relay/user/?online_now=yes").context["cl"].result_list) == []
+
+
+async def test_a_refresh_announces_each_user_it_re_elects_to_the_channels_it_wrote_though_one_closed_meanwhile(
+    acme, monkeypatch, redis_client, caplog, closing
+):
+    # The refresh finds tuan's and mai's keys gone with their markers standing (an `offline` went
+    # out meanwhile), re-elects both and publishes each one's `online`. The second of them closes
+    # while the first is published: its `online` must still reach the channels the refresh wrote
+    # its key for, not none.
+    await add_user(acme, "mai", ("fleet",))
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
+    mai = await closing(Socket.open(acme.token("mai")))
+    await linh.wait_changes(3)
+    environment_id = str(acme.environment.id)
+    for user_id in ("tuan", "mai"):
+        redis_client.delete(presence_key(environment_id, user_id))
+        redis_client.set(marker_key(environment_id, user_id), "offline-said")
+    service = actions.service()
+    publish, sockets, first = service.publish, {"tuan": tuan, "mai": mai}, []
+
+    async def publish_while_the_other_closes(environment_id, user_id, *args, **kwargs):
+        if not first:
+            first.append(user_id)
+            other = "mai" if user_id == "tuan" else "tuan"
+            await sockets[other].close()
+            await until(lambda: not service.held.get((environment_id, other)))
+        return await publish(environment_id, user_id, *args, **kwargs)
+
+    monkeypatch.setattr(service, "publish", publish_while_the_other_closes)
+    await tick(service)
+
+    [closed] = {"tuan", "mai"} - set(first)
+    changes = await linh.wait_changes(5)
+    assert {change["user"] for change in changes[3:]} == {"tuan", "mai"}
+    assert all(change["state"] == "online" for change in changes[3:])
+    re_elected = [line for line in events(caplog, "presence.published") if line["user"] == closed][-1]
+    assert re_elected["state"] == "online" and re_elected["channels"] == (2 if closed == "tuan" else 1)
+    await close_all(linh, sockets[first[0]])

@@ -92,6 +92,26 @@ def clean() -> list[dict]:
     ]
 
 
+def in_order(records: list[dict]) -> list[dict]:
+    """The records by time, the meta record first (as a run writes them)."""
+    return sorted(records, key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+
+
+def moved(records: list[dict], conn: str, kind: str, seq: int, t: float) -> list[dict]:
+    """`records` with `conn`'s `kind` frame of `seq` received at `t` instead, in time order."""
+    return in_order(
+        [
+            {**record, "t": t}
+            if record["k"] == "recv"
+            and record["conn"] == conn
+            and record["frame"]["type"] == kind
+            and record["frame"]["payload"]["seq"] == seq
+            else record
+            for record in records
+        ]
+    )
+
+
 def without(records: list[dict], unwanted: list[dict]) -> list[dict]:
     return [record for record in records if record not in unwanted]
 
@@ -154,14 +174,7 @@ def test_a_gap_in_live_messages_is_caught():
 def test_live_messages_out_of_seq_order_are_counted_but_allowed():
     # Sent through different instances, two live messages race on the channel layer; the contract
     # orders a resume's backlog only, and clients put live ones in order.
-    delivered_at = {2: 12.06, 3: 11.06}
-    swapped = []
-    for record in clean():
-        if record["k"] == "recv" and record["conn"] == "a/u1#0.1" and record["frame"]["type"] == "message.created":
-            seq = record["frame"]["payload"]["seq"]
-            record = {**record, "t": delivered_at.get(seq, record["t"])}
-        swapped.append(record)
-    swapped.sort(key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+    swapped = moved(moved(clean(), "a/u1#0.1", "message.created", 2, 12.06), "a/u1#0.1", "message.created", 3, 11.06)
 
     report = checker.check(swapped)
 
@@ -171,15 +184,7 @@ def test_live_messages_out_of_seq_order_are_counted_but_allowed():
 
 def test_a_message_acked_late_to_a_stalled_sender_is_owed_to_connections_open_since_it_was_sent():
     # u1's reader stalls from 11 s to 14 s: seq 2, stored at once, has its ack read at 14 s.
-    records = [
-        {**record, "t": 14.0}
-        if record["k"] == "recv"
-        and record["conn"] == "a/u1#0.1"
-        and record["frame"]["type"] == "message.ack"
-        and record["frame"]["payload"]["seq"] == 2
-        else record
-        for record in clean()
-    ]
+    records = moved(clean(), "a/u1#0.1", "message.ack", 2, 14.0)
     records.append({"k": "fault", "t": 11.0, "t_end": 14.0, "fault": "stall", "target": "a/u1#0.1"})
 
     def with_a1(at: float, online: list[str], heard: list[dict]) -> list[dict]:
@@ -192,7 +197,7 @@ def test_a_message_acked_late_to_a_stalled_sender_is_owed_to_connections_open_si
             *heard,
             closed(26.0, a1),
         ]
-        return sorted([*records, *joined], key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+        return in_order([*records, *joined])
 
     # Connected after the send, before the ack: the message was stored before it was there.
     assert found(with_a1(12.5, ["a1", "u1", "u2"], [])) == {}
@@ -208,11 +213,13 @@ def test_a_resume_whose_backlog_comes_after_a_live_message_is_caught():
         {**record, "cursor": {"ca": 0}} if record["k"] == "open" and record["conn"] == "a/u2#0.2" else record
         for record in clean()
     ]
-    records += [
-        recv(10.12, "a/u2#0.2", "message.created", id="mz", channel="ca", seq=9, user="u1", text="hi"),
-        recv(10.13, "a/u2#0.2", "message.created", id="m1", channel="ca", seq=1, user="u2", text="hi"),
-    ]
-    records.sort(key=lambda record: (record["k"] != "meta", record.get("t", 0)))
+    records = in_order(
+        [
+            *records,
+            recv(10.12, "a/u2#0.2", "message.created", id="mz", channel="ca", seq=9, user="u1", text="hi"),
+            recv(10.13, "a/u2#0.2", "message.created", id="m1", channel="ca", seq=1, user="u2", text="hi"),
+        ]
+    )
 
     summaries = [violation.summary for violation in checker.check(records).violations]
 
@@ -222,18 +229,7 @@ def test_a_resume_whose_backlog_comes_after_a_live_message_is_caught():
 def test_a_resume_whose_first_live_messages_race_each_other_is_not_a_skip():
     # u2 resumed from 1 with nothing stored after it; seq 2 and 3 are stored after the connect and
     # reach u2 out of order (live messages race on the channel layer): seq 3 arrives first.
-    records = [
-        {**record, "t": 12.1}
-        if record["k"] == "recv"
-        and record["conn"] == "a/u2#0.2"
-        and record["frame"]["type"] == "message.created"
-        and record["frame"]["payload"]["seq"] == 2
-        else record
-        for record in clean()
-    ]
-    records.sort(key=lambda record: (record["k"] != "meta", record.get("t", 0)))
-
-    report = checker.check(records)
+    report = checker.check(moved(clean(), "a/u2#0.2", "message.created", 2, 12.1))
 
     assert report.found["messages"] == 0
     assert report.operations["live_reorders"] == 1

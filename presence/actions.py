@@ -284,7 +284,8 @@ class PresenceService:
         """Seconds until every live holder has had an answered refresh since Redis answered this instance again.
 
         A connection let in while Redis did not answer its instance has no key until then, so a
-        grace check would take the user for gone. Learnt from this instance's own refresh.
+        grace check would take the user for gone. Learnt from this instance's refresh, or from a
+        grace check's read when no refresh runs here.
         """
         return max(0.0, self._back_at + self.timings.rejoin / 1000 - time.monotonic())
 

@@ -314,9 +314,10 @@ class Fanout:
     async def recheck(self) -> None:
         """Once a refresh interval: switch channels that crossed the threshold, and resend changed counts.
 
-        A channel that became large gets its count; one that became small gets an `online` per
-        member online now (the watchers knew only the count). Counts are sent again when they
-        changed without a transition this instance heard (an entry expiring after a crash).
+        A channel that became large gets its count; one that became small gets the end of its
+        count (`"large": false`), then an `online` per member online now (the watchers knew only
+        the count). Counts are sent again when they changed without a transition this instance
+        heard (an entry expiring after a crash).
         """
         local = {channel_id for conn in list(self.watchers.values()) for channel_id in conn.channel_ids}
         if not local:
@@ -325,10 +326,17 @@ class Fanout:
         now_small = (self.large & local) - large
         now_large = large - self.large
         self.large = (self.large - local) | large
-        for channel_id in now_small:
-            self._occupancy_sent.pop(channel_id, None)
+        for channel_id in sorted(now_small):
             members = await actions.service().store.channel_members(channel_id)
-            frames = [PresenceChanged(user=user_id, state="online") for user_id in sorted(members or ())]
+            if members is None:
+                # Logged by the store: counted until a recheck can name its people.
+                self.large.add(channel_id)
+                continue
+            self._occupancy_sent.pop(channel_id, None)
+            online = sorted(members)
+            ended = PresenceOccupancy(channel=channel_id, online=len(online), large=False)
+            await self._to_watchers(channel_id, "presence.occupancy", [ended])
+            frames = [PresenceChanged(user=user_id, state="online") for user_id in online]
             await self._to_watchers(channel_id, "presence.changed", frames)
         if now_large:
             await self._send_occupancy(sorted(now_large), always=True)

@@ -331,6 +331,8 @@ class PresenceResult(TypedDict):
 class PresenceOccupancy(TypedDict):
     channel: str
     online: int
+    # False once, when the channel stopped being large: its people are announced from here on.
+    large: NotRequired[bool]
 
 
 @with_config(ConfigDict(extra="forbid"))

@@ -105,6 +105,14 @@ def test_b_sees_a_large_channels_count_rise_and_fall_while_a_small_channel_shows
     expect(dot(tuan, "linh")).to_have_attribute("data-presence", "offline", timeout=WAIT_MS)
     expect(dot(tuan, "tuan")).to_have_attribute("data-presence", "online")
 
+    # The threshold raised past general's four members: the open page names them, without a reload.
+    status, _ = http("PATCH", f"{one.http_url}/v1/settings", {"large_room_members": 1000}, api_key)
+    assert status == 200
+    open_channel(tuan, "general")
+    expect(dot(tuan, "tuan")).to_have_attribute("data-presence", "online", timeout=WAIT_MS)
+    expect(dot(tuan, "linh")).to_have_attribute("data-presence", "offline")
+    expect(tuan.locator("#members [data-occupancy]")).to_have_count(0)
+
 
 def test_after_its_instance_dies_b_shows_no_count_and_then_the_count_it_missed(api_key, chromium, relays):  # noqa: F811
     one, two = relays(2)
@@ -155,6 +163,7 @@ def test_the_browser_client_keeps_counts_ignores_malformed_ones_and_rebuilds_the
         {"channel": HALL, "online": None},
         {"online": 4},
         {"channel": 5, "online": 4},
+        {"channel": PLAZA, "online": 7, "large": "no"},
         [HALL, 4],
     ]
 
@@ -168,11 +177,13 @@ def test_the_browser_client_keeps_counts_ignores_malformed_ones_and_rebuilds_the
             for payload in junk:
                 await connection.send("presence.occupancy", payload)
             await connection.send("presence.occupancy", {"channel": HALL, "online": 4})
+            # Plaza became small: its count ends.
+            await connection.send("presence.occupancy", {"channel": PLAZA, "online": 7, "large": False})
             await connection.send("error", {"code": "internal", "message": "a barrier"})
             await asyncio.sleep(0.3)
             await connection.socket.close(4008)
             return
-        # Back: hall's count is as it was (no event), plaza is no longer counted, atrium now is.
+        # Back: hall's count is as it was (no event), atrium is counted now.
         await connection.send("presence.snapshot", {"online": ["linh"], "occupancy": {HALL: 4, ATRIUM: 1}})
         await connection.send("error", {"code": "internal", "message": "a barrier"})
         await connection.drain()
@@ -187,8 +198,8 @@ def test_the_browser_client_keeps_counts_ignores_malformed_ones_and_rebuilds_the
         assert seen["first"] == {HALL: 3, PLAZA: 7}
         assert seen["occupancy"] == [
             {"channel": HALL, "online": 4},
-            {"channel": ATRIUM, "online": 1},
             {"channel": PLAZA, "online": None},
+            {"channel": ATRIUM, "online": 1},
         ]
         assert seen["closes"] == [4008]
         assert page.evaluate("Object.fromEntries(window.client.occupancy)") == {HALL: 4, ATRIUM: 1}

@@ -62,10 +62,14 @@ async def test_a_channel_switches_mode_when_the_setting_or_its_members_cross_the
     mai = await connect(b, acme, "mai")
     await linh.wait_for(lambda c: 2 in occupancy(c, hall))
     assert states(linh, "mai") == []
-    # The setting raised above hall's five members: hall is small again, and linh hears who is
-    # in it without reconnecting.
+    # The setting raised above hall's five members: hall is small again, and linh hears that
+    # its count ended, then who is in it, without reconnecting.
     await set_threshold(acme, 10)
     assert await heard(linh, "mai", 1) == ["online"]
+    ended = {"type": "presence.occupancy", "payload": {"channel": str(hall.id), "online": 2, "large": False}}
+    assert [frame for frame in linh.frames if "large" in frame["payload"]] == [ended]
+    mai_online = {"type": "presence.changed", "payload": {"user": "mai", "state": "online"}}
+    assert linh.frames.index(ended) < linh.frames.index(mai_online)
     # Six more members take hall past the threshold again: a count instead.
     for index in range(6):
         await add_user(acme, f"guest-{index}", ("hall",))

@@ -54,7 +54,8 @@
  * - "status": PresenceStatus, a co-member's (or the user's own, with `invisible`) status changed.
  * - "occupancy": PresenceOccupancy, the count of a large channel's online members changed (its people
  *   are counted, not named: docs/contract.md, Large rooms). After a reconnect, the differences from
- *   the new snapshot come as these.
+ *   the new snapshot come as these. `online: null`: the channel is counted no more (it became small,
+ *   or the user left it).
  * - "message": MessageCreated, each once and in seq order per channel.
  * - "signal": Signal, another member's signal (e.g. "typing") in one of the user's channels; never stored.
  * - "relay-error": ErrorPayload, an `error` frame that answered no send (a refused signal among them).
@@ -86,7 +87,7 @@ const SHAPES = {
   "presence.status": { user: "string", status: "string", text: "string", emoji: "string", until: "string|null", idle: "bool" },
   "presence.result": { users: "object" },
   "presence.changed": { user: "string", state: "state" },
-  "presence.occupancy": { channel: "string", online: "count" },
+  "presence.occupancy": { channel: "string", online: "count", large: "bool?" },
   "message.ack": { idem_key: "string", id: "string", channel: "string", seq: "seq" },
   "message.created": { id: "string", channel: "string", seq: "seq", user: "string", text: "string", created_at: "string" },
   signal: { channel: "string", user: "string", name: "string", data: "object" },
@@ -104,6 +105,7 @@ const FITS = {
   state: (value) => value === "online" || value === "offline",
   "string|null": (value) => value === null || typeof value === "string",
   bool: (value) => typeof value === "boolean",
+  "bool?": (value) => value === undefined || typeof value === "boolean",
   "object?": (value) => value === undefined || isObject(value),
   object: isObject,
 };
@@ -555,6 +557,10 @@ export class RelayClient extends EventTarget {
         this.#statuses.delete(payload.user);
       }
       this.#emit("presence", payload);
+    } else if (type === "presence.occupancy" && payload.large === false) {
+      // The channel is no longer large: its count ends, and its people come as presence events.
+      this.#occupancy.delete(payload.channel);
+      this.#emit("occupancy", { channel: payload.channel, online: null });
     } else if (type === "presence.occupancy") {
       this.#occupancy.set(payload.channel, payload.online);
       this.#emit("occupancy", { channel: payload.channel, online: payload.online });

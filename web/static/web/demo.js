@@ -96,7 +96,9 @@ function start(session) {
     renderMembers();
   });
   client.addEventListener("occupancy", (event) => {
-    if (/** @type {CustomEvent} */ (event).detail.channel === state.selected) renderMembers();
+    const { channel, online } = /** @type {CustomEvent} */ (event).detail;
+    if (online === null) relearnChannel(channel);
+    else if (channel === state.selected) renderMembers();
   });
   client.addEventListener("status", () => {
     renderMembers();
@@ -125,6 +127,27 @@ function connected(client) {
   renderComposer();
   renderOwnStatus();
   refreshLastSeen();
+}
+
+/**
+ * A channel counted no more (it became small): drawn by its people from now on. A channel that was
+ * large at sign-in came without its members, so the page asks for its session's channels again.
+ * @param {string} channelId
+ */
+async function relearnChannel(channelId) {
+  const channel = state.session?.channels.find((known) => known.id === channelId);
+  if (!channel) return;
+  channel.large = false;
+  if (!channel.members.length) {
+    const response = await fetch("/demo/session", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ user: state.session?.user.id }),
+    });
+    const fresh = response.ok ? (await response.json()).channels.find((known) => known.id === channelId) : null;
+    if (fresh) Object.assign(channel, fresh);
+  }
+  if (channelId === state.selected) renderMembers();
 }
 
 /** Ask when the offline members of the page's channels were last seen (up to 100 at a time). */

@@ -63,6 +63,8 @@ class PresenceOccupancy:
 
     channel: str
     online: int
+    # False once, when the channel stopped being large: its people come as PresenceChanged from here on.
+    large: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

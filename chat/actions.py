@@ -7,13 +7,13 @@ import uuid
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F
 
 from chat.exceptions import NotAMember
 from chat.models import Message
-from chat.queries import is_member, message_json
+from chat.queries import message_json
 from relay.frames import MessageAck
-from relay.models import Channel, User
+from relay.models import Channel, Membership, User
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,12 @@ def _result(message: Message, *, created: bool) -> SendResult:
 
 def send_message(user: User, channel_id: str, idem_key: str, text: str) -> SendResult:
     """Store a message with the channel's next seq, or return the one this idem_key already stored."""
-    if not is_member(user, channel_id):
-        raise NotAMember(channel_id)
-    existing = _sent_before(user, channel_id, idem_key)
-    if existing is not None:
-        return _result(existing, created=False)
     try:
         return _result(_insert(user, channel_id, idem_key, text), created=True)
     except IntegrityError:
-        # Two sends of one idem_key raced past the lookup above. The loser's whole
-        # transaction rolled back, its seq bump included, so no seq was skipped.
+        # The idem_key was stored before: a send again after a lost ack, or two sends of it at
+        # once. The insert's whole transaction rolled back, its seq bump included, so no seq was
+        # skipped. Looking first would cost every send a query for what few sends are.
         existing = _sent_before(user, channel_id, idem_key)
         if existing is None:
             raise
@@ -66,9 +62,13 @@ def _insert(user: User, channel_id: str, idem_key: str, text: str) -> Message:
     #   BEGIN and writers in every process run one after another (busy timeout).
     # Reading `last_seq` back inside the transaction sees this transaction's own
     # increment on both, and no one else's.
+    # The bump is also the membership check: it updates no row of a channel the user is not a
+    # member of, nor of one in another environment.
     pk = uuid.UUID(channel_id)
+    member = Membership.objects.filter(channel_id=pk, user=user)
+    mine = Channel.objects.filter(Exists(member), pk=pk, environment_id=user.environment_id)
     with transaction.atomic():
-        if not Channel.objects.filter(pk=pk).update(last_seq=F("last_seq") + 1):
+        if not mine.update(last_seq=F("last_seq") + 1):
             raise NotAMember(channel_id)
         seq = Channel.objects.values_list("last_seq", flat=True).get(pk=pk)
         return Message.objects.create(channel_id=pk, author=user, seq=seq, idem_key=idem_key, text=text)

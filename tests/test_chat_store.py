@@ -35,21 +35,23 @@ def test_an_idem_key_is_scoped_to_its_channel_and_author(acme):
     assert [(s.message["channel"], s.ack["seq"]) for s in sends] == [(fleet, 1), (general, 1), (fleet, 2)]
 
 
-def test_a_resend_that_loses_the_race_gets_the_winners_ack_and_burns_no_seq(acme, monkeypatch):
+def test_a_resend_is_looked_up_only_once_its_insert_is_refused_and_burns_no_seq(acme, monkeypatch):
     linh, fleet = acme.users["linh"], str(acme.channels["fleet"].id)
-    winner = send_message(linh, fleet, "raced", "from the first socket")
-    real_lookup = actions._sent_before
     lookups: list[tuple] = []
+    real_lookup = actions._sent_before
 
-    def stale_then_real(*args):
-        # The loser looked before the winner committed, so its first lookup found nothing.
+    def counted(*args):
         lookups.append(args)
-        return None if len(lookups) == 1 else real_lookup(*args)
+        return real_lookup(*args)
 
-    monkeypatch.setattr(actions, "_sent_before", stale_then_real)
+    monkeypatch.setattr(actions, "_sent_before", counted)
+    # A new idem_key costs no lookup: its insert is the check.
+    winner = send_message(linh, fleet, "raced", "from the first socket")
+    assert (winner.created, lookups) == (True, [])
+    # The same key again (a resend after a lost ack, or a second socket racing the first): the
+    # insert is refused, and the lookup finds the first one.
     loser = send_message(linh, fleet, "raced", "from the second socket")
-
-    assert len(lookups) == 2
+    assert len(lookups) == 1
     assert (loser.created, loser.ack) == (False, winner.ack)
     assert Message.objects.count() == 1
     acme.channels["fleet"].refresh_from_db()

@@ -7,6 +7,8 @@ belongs to the app that registered it in `relay.registry`.
 import asyncio
 import contextlib
 import logging
+import math
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -25,6 +27,7 @@ from relay.frames import ConnectionAck, Envelope, ErrorPayload, describe_validat
 from relay.logging import Event, log_event
 from relay.models import User
 from relay.transport.channels_dispatch import DispatchWithoutCleanup
+from relay.transport.inbound_backpressure import UNREAD_MS
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,8 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
     slow = False
     # Its token's secret was rotated away (relay/reconcile.py): closing with 4401, nothing more sent.
     revoked = False
+    # Over its frame rate: every frame is refused until this time.monotonic().
+    refused_until = 0.0
     # Until Channels names it: the layer may fail to give the consumer a channel at all.
     channel_name: str | None = None
 
@@ -209,9 +214,12 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
         The size is Daphne's to enforce (1 MiB of bytes per message and per frame, closed 1009
         before the frame is buffered), so a frame that gets here is within it.
         """
-        if (wait := self.frame_limit.refused(self.connection_id)) is not None:
-            # Before anything is parsed or read: the excess costs the instance one error frame.
-            await self.send_error("rate_limited", "too many frames; slow down", retry_after_ms=wait)
+        if (wait := self._refused_for()) is not None:
+            # Before anything is parsed or read: the excess costs the instance one error frame, and
+            # the socket is not read until the wait has passed, so a flood waits in the client's
+            # own buffers instead of costing the instance a refusal per frame.
+            payload = ErrorPayload(code="rate_limited", message="too many frames; slow down", retry_after_ms=wait)
+            await self.send_frame("error", payload, unread_ms=wait)
             return
         frame_type = None
         try:
@@ -227,6 +235,20 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             log_event(logger, Event.FRAME_FAILED, logging.ERROR, type=frame_type, error=type(error).__name__)
             logger.debug("frame.failed: traceback", exc_info=error)
             await self.send_error("internal", "the server failed to handle this frame", frame_type)
+
+    def _refused_for(self) -> int | None:
+        """None when this frame is within the connection's rate; else the ms until the next one is taken.
+
+        Going over the rate refuses every frame for at least `rate_limits.FRAME_PENALTY_MS`.
+        """
+        now = time.monotonic()
+        if now < self.refused_until:
+            return math.ceil((self.refused_until - now) * 1000)
+        if (wait := self.frame_limit.refused(self.connection_id)) is None:
+            return None
+        wait = max(wait, rate_limits.FRAME_PENALTY_MS)
+        self.refused_until = now + wait / 1000
+        return wait
 
     def _read(self, text_data: str | None) -> tuple[registry.FrameRoute, str, Any]:
         """The route, type and validated payload of a frame; FrameError (`invalid_frame`...) when it is malformed."""
@@ -331,8 +353,11 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             await self.close(code=close_codes.UNAUTHORIZED)
 
     # ── sending ──────────────────────────────────────────────────────────────
-    async def send_frame(self, frame_type: str, payload: Mapping[str, Any]) -> None:
-        """Send one `{"type", "payload"}` frame; dropped once the connection is cut loose (slow reader, revoked)."""
+    async def send_frame(self, frame_type: str, payload: Mapping[str, Any], *, unread_ms: int | None = None) -> None:
+        """Send one `{"type", "payload"}` frame; dropped once the connection is cut loose (slow reader, revoked).
+
+        `unread_ms`: the socket is not read for that long after it (relay.transport.inbound_backpressure).
+        """
         if self.slow or self.revoked:
             return
         metrics.frames_out(frame_type).inc()
@@ -342,7 +367,11 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             # dropped, and the disconnect that follows ends the consumer as usual.
             with contextlib.suppress(*SOCKET_GONE):
                 # orjson: the same compact JSON as json.dumps(separators=(",", ":")) at a fraction of the CPU.
-                await self.send(text_data=orjson.dumps({"type": frame_type, "payload": payload}).decode())
+                text = orjson.dumps({"type": frame_type, "payload": payload}).decode()
+                message = {"type": "websocket.send", "text": text}
+                if unread_ms:
+                    message[UNREAD_MS] = unread_ms
+                await self.base_send(message)
         except OutputBacklogFull as full:
             await self._cut_loose(full.pending_bytes)
 

@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 # A connection may send a burst of this many seconds' worth of frames at once (the contract's
 # "50 a second, bursts of 100"), and no more than the rate over any such window.
 FRAME_BURST_SECONDS = 2
+# A connection that goes over its frame rate has every frame refused, and its socket left unread,
+# for at least this long: refusing a flood as fast as it arrives costs an instance about what
+# serving it would.
+FRAME_PENALTY_MS = 1000
 KEY_PREFIX = "relay:limits"
 
 

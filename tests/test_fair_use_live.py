@@ -74,6 +74,31 @@ async def test_frames_past_a_connections_rate_are_refused_and_change_nothing(liv
     await close_all(linh, tuan)
 
 
+async def test_a_connection_over_its_rate_is_not_read_until_its_wait_has_passed(live_instances, acme):
+    (instance,) = live_instances(1, RELAY_RATE_FRAMES_PER_S="20")
+    general = str(acme.channels["general"].id)
+    linh = await WsClient.open(instance.ws_url(acme.token("linh")))
+    tuan = await WsClient.open(instance.ws_url(acme.token("tuan")))
+    await linh.next_of("connection.ack")
+    await tuan.next_of("connection.ack")
+    for _ in range(60):
+        await linh.send_raw("not json")
+    await linh.wait_for(lambda client: len(client.of_type("error")) == 60)
+    first = rate_limited(linh)[0]
+    # Going over the rate costs at least a second, whatever the window would allow sooner.
+    assert first["retry_after_ms"] >= 1000
+    # A frame sent now waits unread in the socket: nothing answers it within the wait ...
+    await linh.send("message.send", {"idem_key": "late", "channel": general, "text": "after the flood"})
+    answer = await tuan.send_and_ack({"idem_key": "meanwhile", "channel": general, "text": "hi"})
+    assert answer["type"] == "message.ack"
+    await asyncio.sleep(0.3)
+    assert len(linh.of_type("error")) == 60 and linh.of_type("message.ack") == []
+    # ... and once it has passed, the frame is read and answered.
+    await linh.wait_for(lambda client: len(client.of_type("error")) + len(client.of_type("message.ack")) == 61)
+    assert linh.close_code is None
+    await close_all(linh, tuan)
+
+
 def test_tokens_past_an_api_keys_rate_get_429_with_retry_after_on_every_instance(live_instances, acme, globex):
     one, two = live_instances(2, RELAY_RATE_TOKENS_PER_S="2")
     globex.add_user("mai")

@@ -288,6 +288,7 @@ async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_so
     checks: list[tuple] = []
     monkeypatch.setattr(reactor, "callLater", lambda delay, *call: checks.append(call))
     monkeypatch.setattr(WebSocketProtocol, "onMessage", WebSocketProtocol.onMessage)
+    monkeypatch.setattr(WebSocketProtocol, "handle_reply", WebSocketProtocol.handle_reply)
     inbound_backpressure.install()
     protocol = WebSocketProtocol()
     protocol.application_queue, protocol.muted, protocol.client_addr = asyncio.Queue(), False, ("127.0.0.1", 1)
@@ -305,6 +306,58 @@ async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_so
     while protocol.application_queue.qsize() > inbound_backpressure.MAX_QUEUED_FRAMES // 2:
         protocol.application_queue.get_nowait()
     check, *arguments = checks[0]
+    check(*arguments)
+    assert protocol.transport.calls == ["pause", "resume"]
+
+
+async def test_a_reply_asking_for_its_socket_to_be_left_unread_pauses_reading_until_that_time(monkeypatch):
+    import asyncio
+
+    from daphne.ws_protocol import WebSocketProtocol
+    from twisted.internet import reactor
+
+    from relay.transport import inbound_backpressure
+
+    class Transport:
+        disconnected = False
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def pauseProducing(self) -> None:
+            self.calls.append("pause")
+
+        def resumeProducing(self) -> None:
+            self.calls.append("resume")
+
+    checks: list[tuple] = []
+    now = [100.0]
+    monkeypatch.setattr(reactor, "callLater", lambda delay, *call: checks.append((delay, *call)))
+    monkeypatch.setattr(reactor, "seconds", lambda: now[0])
+    monkeypatch.setattr(WebSocketProtocol, "onMessage", WebSocketProtocol.onMessage)
+    monkeypatch.setattr(WebSocketProtocol, "handle_reply", WebSocketProtocol.handle_reply)
+    inbound_backpressure.install()
+    protocol = WebSocketProtocol()
+    protocol.application_queue, protocol.muted, protocol.client_addr = asyncio.Queue(), False, ("127.0.0.1", 1)
+    protocol.transport = Transport()
+    sent: list[tuple] = []
+    monkeypatch.setattr(protocol, "serverSend", lambda content, binary: sent.append((content, binary)), raising=False)
+    protocol.state = protocol.STATE_OPEN
+    # A reply without the key is only sent; one with it is sent, then reading stops.
+    protocol.handle_reply({"type": "websocket.send", "text": "plain"})
+    assert (sent, protocol.transport.calls, checks) == ([("plain", False)], [], [])
+    protocol.handle_reply({"type": "websocket.send", "text": "refused", inbound_backpressure.UNREAD_MS: 1000})
+    assert sent[-1] == ("refused", False)
+    assert protocol.transport.calls == ["pause"]
+    # The check comes when the time is up, not before; a check early (the queue's) resumes nothing.
+    delay, check, *arguments = checks.pop()
+    assert delay == 1.0
+    now[0] += 0.5
+    check(*arguments)
+    assert protocol.transport.calls == ["pause"]
+    delay, check, *arguments = checks.pop()
+    assert delay == 0.5
+    now[0] += 0.5
     check(*arguments)
     assert protocol.transport.calls == ["pause", "resume"]
 

@@ -14,7 +14,8 @@ reaches into another library's internals.
   a close frame rather than a dropped connection for an oversize frame).
 - `autobahn_debug`: autobahn's per-connection debug line without its pretty-printed settings.
 - `pending_output`: a bound on the output a connection has queued and its client not read.
-- `inbound_backpressure`: a bound on the input a connection has queued and its consumer not taken.
+- `inbound_backpressure`: a bound on the input a connection has queued and its consumer not taken,
+  and a socket left unread for as long as its consumer asks (a connection over its frame rate).
 - `channels_dispatch`: Channels' consumer dispatch without a database-thread hop per message.
 - `daphne_server`: Daphne's server with an access log without query strings, and lean log records.
 """

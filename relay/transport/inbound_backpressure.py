@@ -1,4 +1,4 @@
-"""Bound what a WebSocket connection has received and its application not yet taken.
+"""Bound what a WebSocket connection has received and its application not yet taken; leave a socket unread on request.
 
 Daphne puts every frame autobahn reads into the connection's application queue (an unbounded
 `asyncio.Queue`) and keeps reading the socket: a client that sends faster than its consumer
@@ -13,15 +13,21 @@ server; the instance holds at most about 1 MiB and a socket read of each connect
 What the queue still holds is known without touching Daphne's queue: frames leave it in the
 order they came, so the sizes of the last `qsize()` frames put are the ones still queued.
 
+The application can also ask for a connection not to be read for a while: a `websocket.send`
+carrying `UNREAD_MS` (Relay's `rate_limited` error does) pauses reading the same way, until that
+many milliseconds have passed and the queue is drained. Refusing a flood frame by frame costs
+about what serving it would; left unread, the flooder's excess waits in its own TCP buffers, and
+a connection over its rate costs its instance one socket read of frames per pause. ASGI
+servers ignore a message's keys they do not know: without this module the key changes nothing.
+
 Written against Daphne 4.1-4.2 (`daphne.ws_protocol.WebSocketProtocol.onMessage` and its
-`application_queue`, requirements.txt pins the range) and Twisted's `ITCPTransport`
+`application_queue`, `handle_reply`; requirements.txt pins the range) and Twisted's `ITCPTransport`
 (`pauseProducing`/`resumeProducing`). Upstream: none open yet (Daphne's queue has no bound and
 no option for one). Guard: tests/test_transport_guards.py, tests/test_fair_use_live.py.
 """
 
 import sys
 from collections import deque
-from typing import Any
 
 MAX_QUEUED_BYTES = 1024 * 1024
 MAX_QUEUED_FRAMES = 256
@@ -29,6 +35,8 @@ MAX_QUEUED_FRAMES = 256
 CHECK_INTERVAL_S = 0.005
 # Set on Daphne's protocol object; only this module reads it.
 ATTRIBUTE = "relay_inbound"
+# The key of a `websocket.send` that asks for its connection not to be read for that many ms.
+UNREAD_MS = "relay.unread_ms"
 
 
 class InboundMeter:
@@ -38,6 +46,8 @@ class InboundMeter:
         self.sizes: deque[int] = deque()
         self.queued_bytes = 0
         self.paused = False
+        # Reactor time before which the socket is not read, whatever the queue holds.
+        self.unread_until = 0.0
 
     def put(self, size: int, still_queued: int) -> bool:
         """Count a frame just queued (`still_queued` frames in the queue now); True when reading should pause."""
@@ -56,6 +66,10 @@ class InboundMeter:
         self.taken(still_queued)
         return self.queued_bytes <= MAX_QUEUED_BYTES // 2 and len(self.sizes) <= MAX_QUEUED_FRAMES // 2
 
+    def readable(self, still_queued: int, now: float) -> bool:
+        """True once the queue is drained and no wait the application asked for is left."""
+        return self.drained(still_queued) and now >= self.unread_until
+
 
 def install() -> None:
     """Bound every WebSocket's queued input, in a Daphne process; elsewhere nothing changes. Idempotent."""
@@ -64,32 +78,53 @@ def install() -> None:
     from daphne.ws_protocol import WebSocketProtocol
     from twisted.internet import reactor
 
-    on_message = WebSocketProtocol.onMessage
+    on_message, reply = WebSocketProtocol.onMessage, WebSocketProtocol.handle_reply
     if getattr(on_message, "relay_inbound", False):
         return
 
-    def resume_when_drained(protocol: Any, meter: InboundMeter) -> None:
+    def meter_of(protocol: WebSocketProtocol) -> InboundMeter:
+        meter: InboundMeter | None = getattr(protocol, ATTRIBUTE, None)
+        if meter is None:
+            meter = InboundMeter()
+            setattr(protocol, ATTRIBUTE, meter)
+        return meter
+
+    def check_later(protocol: WebSocketProtocol, meter: InboundMeter) -> None:
+        wait = max(CHECK_INTERVAL_S, meter.unread_until - reactor.seconds())
+        reactor.callLater(wait, resume_when_readable, protocol, meter)
+
+    def pause(protocol: WebSocketProtocol, meter: InboundMeter) -> None:
+        if not meter.paused:
+            meter.paused = True
+            protocol.transport.pauseProducing()
+            check_later(protocol, meter)
+
+    def resume_when_readable(protocol: WebSocketProtocol, meter: InboundMeter) -> None:
         if not protocol.transport or getattr(protocol.transport, "disconnected", False):
             return
-        if meter.drained(protocol.application_queue.qsize()):
+        if meter.readable(protocol.application_queue.qsize(), reactor.seconds()):
             meter.paused = False
             protocol.transport.resumeProducing()
         else:
-            reactor.callLater(CHECK_INTERVAL_S, resume_when_drained, protocol, meter)
+            check_later(protocol, meter)
 
     def bounded_on_message(self: WebSocketProtocol, payload: bytes, is_binary: bool) -> None:
         on_message(self, payload, is_binary)
         queue = getattr(self, "application_queue", None)
         if queue is None or self.muted or self.transport is None:
             return
-        meter: InboundMeter | None = getattr(self, ATTRIBUTE, None)
-        if meter is None:
-            meter = InboundMeter()
-            setattr(self, ATTRIBUTE, meter)
-        if meter.put(len(payload), queue.qsize()) and not meter.paused:
-            meter.paused = True
-            self.transport.pauseProducing()
-            reactor.callLater(CHECK_INTERVAL_S, resume_when_drained, self, meter)
+        meter = meter_of(self)
+        if meter.put(len(payload), queue.qsize()):
+            pause(self, meter)
+
+    def unread_reply(self: WebSocketProtocol, message: dict) -> None:
+        reply(self, message)
+        unread_ms = message.get(UNREAD_MS)
+        if unread_ms and self.transport is not None and getattr(self, "application_queue", None) is not None:
+            meter = meter_of(self)
+            meter.unread_until = max(meter.unread_until, reactor.seconds() + unread_ms / 1000)
+            pause(self, meter)
 
     bounded_on_message.relay_inbound = True
     WebSocketProtocol.onMessage = bounded_on_message
+    WebSocketProtocol.handle_reply = unread_reply

@@ -15,12 +15,14 @@ client only grows its own socket buffer.
 """
 
 import asyncio
+import bisect
 import collections
 import functools
 import logging
+import sys
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -56,10 +58,45 @@ FANOUT_SLICE_SECONDS = 0.05
 # Where a connection keeps its `Dedup`, set when it is admitted.
 STATE_KEY = "presence"
 # Where a connection whose snapshot awaits a repair keeps who it was told is online (the
-# snapshot, then every change), so the repair tells it only what it lacks.
+# snapshot, then every change: a `View`), so the repair tells it only what it lacks.
 VIEW_KEY = "presence.view"
 # Where a connection keeps the messages of its presence groups from joining them until it is live.
 HELD_KEY = "presence.held"
+
+
+class View:
+    """Who a connection was told is online: its snapshot, then every change since.
+
+    Kept while a repair may be owed, which just after Redis lost its data (or in a fresh one) is
+    every connection an instance holds, in rooms of any size: the snapshot is a sorted tuple of
+    interned ids, shared by every view that names them, and the changes a dict made at the first
+    one, rather than a set of each connection's own copies of the ids.
+    """
+
+    __slots__ = ("_changes", "_snapshot")
+
+    def __init__(self, snapshot: Iterable[str]) -> None:
+        self._snapshot = tuple(sorted(map(sys.intern, snapshot)))
+        self._changes: dict[str, bool] | None = None
+
+    def add(self, user_id: str) -> None:
+        """Told `user_id` is online."""
+        self._changed(user_id, True)
+
+    def discard(self, user_id: str) -> None:
+        """Told `user_id` is offline."""
+        self._changed(user_id, False)
+
+    def _changed(self, user_id: str, online: bool) -> None:
+        if self._changes is None:
+            self._changes = {}
+        self._changes[user_id] = online
+
+    def __contains__(self, user_id: object) -> bool:
+        if self._changes is not None and user_id in self._changes:
+            return self._changes[user_id]
+        at = bisect.bisect_left(self._snapshot, user_id)
+        return at < len(self._snapshot) and self._snapshot[at] == user_id
 
 
 async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transition | StatusChange | None]) -> None:

@@ -116,19 +116,19 @@ class PresenceExtension(registry.Extension):
             # tell this watcher about co-members who stay online (docs/contract.md, "Fair under
             # load and faults"). They are sent as `online`s once Redis answers, but for those
             # a transition told it of meanwhile (its view is kept from the snapshot on).
-            conn.state[delivery.VIEW_KEY] = set(shown)
+            conn.state[delivery.VIEW_KEY] = delivery.View(shown)
             return (None,)
         if unsettled:
             # Read in a Redis that lost its data moments ago: co-members whose holders have not
             # re-elected them yet are missing, and stay online without a word. Once they have,
             # the repair tells this watcher those its view still lacks.
-            conn.state[delivery.VIEW_KEY] = set(shown)
+            conn.state[delivery.VIEW_KEY] = delivery.View(shown)
             return (unsettled / 1000,)
         if young := conn.state.pop(YOUNG_KEY, None):
             # Read in a young epoch, maybe just after Redis restarted empty and before this
             # instance's refresh found out (the read then misses co-members not re-elected yet,
             # whose re-election is silent): the view is kept until the refresh would have.
-            conn.state[delivery.VIEW_KEY] = set(shown)
+            conn.state[delivery.VIEW_KEY] = delivery.View(shown)
             left, read_at, epoch = young
             check = asyncio.get_running_loop().call_later(left / 1000, _check_view, conn, read_at, epoch)
             conn.state[VIEW_CHECK_KEY] = check
@@ -280,7 +280,7 @@ async def presence_repair(conn: Connection, message: dict) -> None:
     if online is None:
         _owe_repair(conn)
     else:
-        view = conn.state.pop(delivery.VIEW_KEY, set())
+        view = conn.state.pop(delivery.VIEW_KEY, delivery.View(()))
         # An invisible co-member looks offline to watchers (docs/contract.md, Rich presence).
         hidden = await reads.invisible_among(conn.environment_id, [u for u in online if u != conn.user_id])
         told = [user_id for user_id in online if user_id not in view and user_id not in hidden]

@@ -202,3 +202,17 @@ async def test_the_fan_out_lets_the_loop_run_once_its_slice_of_the_turn_is_spent
     _writing(0.002)
     await fanout._pace()
     assert ran == ["other work"]
+
+
+def test_a_kept_view_holds_the_snapshot_then_every_change_and_shares_the_snapshots_ids():
+    # Two connections' snapshots, each decoded into its own copies of the ids.
+    first = delivery.View(["tuan", "linh", "mai"])
+    second = delivery.View(["".join(["li", "nh"]), "an"])
+    assert ("linh" in first, "mai" in first, "an" in first, "binh" in first) == (True, True, False, False)
+    # Every view that names a user holds the one interned copy of its id.
+    assert first._snapshot[0] is second._snapshot[1]
+    # Changes after the snapshot win over it, both ways.
+    first.discard("mai")
+    first.add("an")
+    assert ("mai" in first, "an" in first, "tuan" in first) == (False, True, True)
+    assert "an" in second and "mai" not in second

@@ -265,34 +265,62 @@ def test_daphnes_command_line_builds_the_server_whose_access_log_has_no_query_st
 
 
 # ── inbound backpressure: Daphne still queues each frame in onMessage, and pausing holds ─
-async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_socket(monkeypatch):
+class PausableTransport:
+    """A Twisted transport that records whether its reading was paused and resumed."""
+
+    disconnected = False
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+
+class Reactor:
+    """The reactor's clock as relay.transport.inbound_backpressure reads it, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        # (delay, function, *arguments) of each callLater, in order.
+        self.calls: list[tuple] = []
+
+
+@pytest.fixture
+def reactor_clock(monkeypatch) -> Reactor:
+    from twisted.internet import reactor
+
+    clock = Reactor()
+    monkeypatch.setattr(reactor, "callLater", lambda delay, *call: clock.calls.append((delay, *call)))
+    monkeypatch.setattr(reactor, "seconds", lambda: clock.now)
+    return clock
+
+
+@pytest.fixture
+def bounded_protocol(monkeypatch, reactor_clock):
+    """An open Daphne WebSocket protocol, inbound backpressure installed, on a PausableTransport."""
     import asyncio
 
     from daphne.ws_protocol import WebSocketProtocol
-    from twisted.internet import reactor
 
     from relay.transport import inbound_backpressure
 
-    class Transport:
-        disconnected = False
-
-        def __init__(self) -> None:
-            self.calls: list[str] = []
-
-        def pauseProducing(self) -> None:
-            self.calls.append("pause")
-
-        def resumeProducing(self) -> None:
-            self.calls.append("resume")
-
-    checks: list[tuple] = []
-    monkeypatch.setattr(reactor, "callLater", lambda delay, *call: checks.append(call))
     monkeypatch.setattr(WebSocketProtocol, "onMessage", WebSocketProtocol.onMessage)
     monkeypatch.setattr(WebSocketProtocol, "handle_reply", WebSocketProtocol.handle_reply)
     inbound_backpressure.install()
     protocol = WebSocketProtocol()
     protocol.application_queue, protocol.muted, protocol.client_addr = asyncio.Queue(), False, ("127.0.0.1", 1)
-    protocol.transport = Transport()
+    protocol.transport = PausableTransport()
+    return protocol
+
+
+async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_socket(bounded_protocol, reactor_clock):
+    from relay.transport import inbound_backpressure
+
+    protocol = bounded_protocol
     for _ in range(inbound_backpressure.MAX_QUEUED_FRAMES):
         protocol.onMessage(b"{}", False)
     # Daphne's own behaviour, which the patch relies on: one queued message per frame, in order.
@@ -305,44 +333,21 @@ async def test_daphne_queues_frames_in_on_message_and_a_full_queue_pauses_the_so
     # Taken below half: the check that was scheduled resumes reading.
     while protocol.application_queue.qsize() > inbound_backpressure.MAX_QUEUED_FRAMES // 2:
         protocol.application_queue.get_nowait()
-    check, *arguments = checks[0]
+    _, check, *arguments = reactor_clock.calls[0]
     check(*arguments)
     assert protocol.transport.calls == ["pause", "resume"]
 
 
-async def test_a_reply_asking_for_its_socket_to_be_left_unread_pauses_reading_until_that_time(monkeypatch):
-    import asyncio
-
-    from daphne.ws_protocol import WebSocketProtocol
-    from twisted.internet import reactor
-
+async def test_a_reply_asking_for_its_socket_to_be_left_unread_pauses_reading_until_that_time(
+    bounded_protocol, reactor_clock, monkeypatch
+):
     from relay.transport import inbound_backpressure
 
-    class Transport:
-        disconnected = False
-
-        def __init__(self) -> None:
-            self.calls: list[str] = []
-
-        def pauseProducing(self) -> None:
-            self.calls.append("pause")
-
-        def resumeProducing(self) -> None:
-            self.calls.append("resume")
-
-    checks: list[tuple] = []
-    now = [100.0]
-    monkeypatch.setattr(reactor, "callLater", lambda delay, *call: checks.append((delay, *call)))
-    monkeypatch.setattr(reactor, "seconds", lambda: now[0])
-    monkeypatch.setattr(WebSocketProtocol, "onMessage", WebSocketProtocol.onMessage)
-    monkeypatch.setattr(WebSocketProtocol, "handle_reply", WebSocketProtocol.handle_reply)
-    inbound_backpressure.install()
-    protocol = WebSocketProtocol()
-    protocol.application_queue, protocol.muted, protocol.client_addr = asyncio.Queue(), False, ("127.0.0.1", 1)
-    protocol.transport = Transport()
+    protocol = bounded_protocol
     sent: list[tuple] = []
     monkeypatch.setattr(protocol, "serverSend", lambda content, binary: sent.append((content, binary)), raising=False)
     protocol.state = protocol.STATE_OPEN
+    checks = reactor_clock.calls
     # A reply without the key is only sent; one with it is sent, then reading stops.
     protocol.handle_reply({"type": "websocket.send", "text": "plain"})
     assert (sent, protocol.transport.calls, checks) == ([("plain", False)], [], [])
@@ -352,12 +357,12 @@ async def test_a_reply_asking_for_its_socket_to_be_left_unread_pauses_reading_un
     # The check comes when the time is up, not before; a check early (the queue's) resumes nothing.
     delay, check, *arguments = checks.pop()
     assert delay == 1.0
-    now[0] += 0.5
+    reactor_clock.now += 0.5
     check(*arguments)
     assert protocol.transport.calls == ["pause"]
     delay, check, *arguments = checks.pop()
     assert delay == 0.5
-    now[0] += 0.5
+    reactor_clock.now += 0.5
     check(*arguments)
     assert protocol.transport.calls == ["pause", "resume"]
 

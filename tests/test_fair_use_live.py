@@ -30,13 +30,18 @@ def stored_idem_keys(channel) -> set[str]:
     return set(Message.objects.filter(channel=channel).values_list("idem_key", flat=True))
 
 
-async def test_frames_past_a_connections_rate_are_refused_and_change_nothing(live_instances, acme):
+async def linh_and_tuan_at_20_frames_a_second(live_instances, acme) -> tuple[str, WsClient, WsClient]:
+    """general's id, and linh and tuan connected (acknowledged) to one instance that takes 20 frames a second."""
     (instance,) = live_instances(1, RELAY_RATE_FRAMES_PER_S="20")
-    general = str(acme.channels["general"].id)
     linh = await WsClient.open(instance.ws_url(acme.token("linh")))
     tuan = await WsClient.open(instance.ws_url(acme.token("tuan")))
     await linh.next_of("connection.ack")
     await tuan.next_of("connection.ack")
+    return str(acme.channels["general"].id), linh, tuan
+
+
+async def test_frames_past_a_connections_rate_are_refused_and_change_nothing(live_instances, acme):
+    general, linh, tuan = await linh_and_tuan_at_20_frames_a_second(live_instances, acme)
     sent = [str(uuid.uuid4()) for _ in range(120)]
     started = time.monotonic()
     for key in sent:
@@ -75,12 +80,7 @@ async def test_frames_past_a_connections_rate_are_refused_and_change_nothing(liv
 
 
 async def test_a_connection_over_its_rate_is_not_read_until_its_wait_has_passed(live_instances, acme):
-    (instance,) = live_instances(1, RELAY_RATE_FRAMES_PER_S="20")
-    general = str(acme.channels["general"].id)
-    linh = await WsClient.open(instance.ws_url(acme.token("linh")))
-    tuan = await WsClient.open(instance.ws_url(acme.token("tuan")))
-    await linh.next_of("connection.ack")
-    await tuan.next_of("connection.ack")
+    general, linh, tuan = await linh_and_tuan_at_20_frames_a_second(live_instances, acme)
     for _ in range(60):
         await linh.send_raw("not json")
     await linh.wait_for(lambda client: len(client.of_type("error")) == 60)

@@ -218,8 +218,7 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             # Before anything is parsed or read: the excess costs the instance one error frame, and
             # the socket is not read until the wait has passed, so a flood waits in the client's
             # own buffers instead of costing the instance a refusal per frame.
-            payload = ErrorPayload(code="rate_limited", message="too many frames; slow down", retry_after_ms=wait)
-            await self.send_frame("error", payload, unread_ms=wait)
+            await self.send_error("rate_limited", "too many frames; slow down", retry_after_ms=wait, unread_ms=wait)
             return
         frame_type = None
         try:
@@ -392,12 +391,18 @@ class GatewayConsumer(DispatchWithoutCleanup, AsyncWebsocketConsumer):
             await self.close(code=close_codes.SLOW_READER)
 
     async def send_error(
-        self, code: str, message: str, frame_type: str | None = None, *, retry_after_ms: int | None = None
+        self,
+        code: str,
+        message: str,
+        frame_type: str | None = None,
+        *,
+        retry_after_ms: int | None = None,
+        unread_ms: int | None = None,
     ) -> None:
-        """Send an `error` frame; the socket stays open."""
+        """Send an `error` frame; the socket stays open (and unread for `unread_ms`, as `send_frame`'s)."""
         payload = ErrorPayload(code=code, message=message)
         if frame_type is not None:
             payload["type"] = frame_type
         if retry_after_ms is not None:
             payload["retry_after_ms"] = retry_after_ms
-        await self.send_frame("error", payload)
+        await self.send_frame("error", payload, unread_ms=unread_ms)

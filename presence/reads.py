@@ -10,7 +10,8 @@ from collections.abc import Collection, Sequence
 import redis
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Value
+from django.db.models.functions import Greatest
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
@@ -18,7 +19,7 @@ from redis.retry import Retry
 
 from presence import actions
 from presence.delivery import VIEW_KEY
-from presence.queries import co_member_external_ids, co_members_in, invisible_users, members_of_channels
+from presence.queries import co_members_in, invisible_users, members_of_channels
 from presence.scripts import presence_key
 from presence.store import as_text, client_options, record_failure
 from relay import metrics, redis_clients
@@ -45,13 +46,39 @@ co_members = database_sync_to_async(co_member_ids)
 invisible_among = database_sync_to_async(invisible_users, thread_sensitive=False)
 
 
-def newly_visible_ids(
-    environment_id: str, user_id: str, channel_id: str, other_channel_ids: Collection[str]
-) -> list[str]:
-    """The members of `channel_id` the user shares none of `other_channel_ids` with (not the user)."""
-    members = co_member_external_ids(environment_id, [channel_id])
-    already = co_member_external_ids(environment_id, other_channel_ids) if members else set()
-    return sorted(members - already - {user_id})
+def newly_visible_ids(environment_id: str, user_id: str, channel_id: str) -> list[str]:
+    """The members of `channel_id` the user's membership of it made visible to them (not the user).
+
+    Judged by membership id, as `members_newly_seeing` judges the other side: a member is left
+    out when they and the user shared another channel before both were in this one (both
+    memberships there older than the later of the two here). Judged by what they share now, a
+    member added since to another of the user's channels would be left out here, while that
+    addition leaves the pair to this one, made first: neither would tell. Nobody once the
+    membership is gone.
+    """
+    own = (
+        Membership.objects.filter(channel_id=channel_id, user__external_id=user_id, user__environment_id=environment_id)
+        .values_list("pk", "user_id")
+        .first()
+    )
+    if own is None:
+        return []
+    own_id, user_pk = own
+    both_here = Greatest(Value(own_id), OuterRef("pk"))
+    # One filter() call: the conditions on `channel__memberships` describe the same row.
+    shared_before = Membership.objects.filter(
+        user_id=OuterRef("user_id"),
+        channel__memberships__user_id=user_pk,
+        pk__lt=both_here,
+        channel__memberships__pk__lt=both_here,
+    ).exclude(channel_id=channel_id)
+    members = (
+        Membership.objects.filter(channel_id=channel_id)
+        .exclude(user_id=user_pk)
+        .exclude(Exists(shared_before))
+        .values_list("user__external_id", flat=True)
+    )
+    return sorted(members)
 
 
 newly_visible = database_sync_to_async(newly_visible_ids)
@@ -95,13 +122,12 @@ async def announce_new_co_members(conn: Connection, channel_id: str, exclude: Co
     + changes ends with the true state" would not hold across a membership change. The
     connection joined the channel's presence group before this read (the consumer's
     `membership_changed`), so a transition racing it is queued behind these frames, as one
-    racing the connect's snapshot is behind the snapshot. Users already visible through another
-    shared channel are left out: the client already knows their state, as are `exclude` (told by
-    an earlier read). Returns who was told; None when the presence Redis did not answer (logged
+    racing the connect's snapshot is behind the snapshot. Users the channel did not make visible
+    (`newly_visible_ids`) are left out: the client already knows their state, as are `exclude`
+    (told by an earlier read). Returns who was told; None when the presence Redis did not answer (logged
     by the store): nothing was told, and the caller owes it.
     """
-    others = set(conn.channel_ids) - {channel_id}
-    candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id, others)
+    candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id)
     online = await actions.service().store.online(conn.environment_id, candidates)
     hidden = await invisible_among(conn.environment_id, online or [])
     view = conn.state.get(VIEW_KEY)  # kept while a repair is due (presence/extension.py)

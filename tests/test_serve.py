@@ -97,6 +97,22 @@ def test_a_closed_connections_cycle_is_freed_at_the_next_full_collection_and_not
         gc.enable()
 
 
+def test_a_collection_hands_back_the_pages_of_a_fragmented_heap():
+    # 1 KB buffers, one in 50 kept: the freed ones lie between live ones, so the heap cannot
+    # shrink from its top, and only the trim returns their pages.
+    script = (
+        "import gc, sys; from relay.serve import collect_garbage;"
+        "rss = lambda: next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS'));"
+        "gc.disable(); kept, freed = [], [];"
+        "[(kept if i % 50 == 0 else freed).append(bytearray(1000)) for i in range(200_000)];"
+        "freed.clear(); gc.collect(); before = rss(); collect_garbage(); print(before, rss())"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    before, after = (int(kb) for kb in run.stdout.split())
+    assert before > 150_000  # the freed buffers' pages were still held
+    assert after < before - 100_000
+
+
 def test_the_collector_runs_on_daphnes_reactor_installed_on_uvloop():
     # Made on any other reactor, the timer would never fire: Daphne replaces that reactor.
     script = (

@@ -334,7 +334,7 @@ async def test_a_user_added_to_a_channel_right_after_redis_restarted_empty_is_to
 
 
 @AROUND_THE_NOTICE
-async def test_a_user_added_right_after_redis_restarted_empty_hears_a_co_member_since_added_to_another_of_their_channels(
+async def test_a_user_added_after_redis_restarted_empty_hears_a_co_member_since_added_to_another_of_their_channels(
     live_instances, acme, noticed, tuned
 ):
     # mai joins tuan's "ops" while his key is not back, then tuan joins "hall", where mai already

@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -87,11 +87,18 @@ class Held:
 
 @dataclass(frozen=True)
 class Owed:
-    """A transition decided here whose publish failed: sent again until it lands or is superseded."""
+    """A transition decided here whose publish failed: sent again until it lands or is superseded.
+
+    Or, with `copy_at`, one that went out while Redis was unsteady, sent once more at that time
+    (monotonic s) under the same id (`PresenceService._again_if_unsteady`).
+    """
 
     state: State
     channels: list[str]
     transition_id: str
+    hidden: bool = False
+    audience: list[str] | None = None
+    copy_at: float | None = None
 
 
 def _group_sends(
@@ -244,6 +251,7 @@ class PresenceService:
         elif publish is not None:
             self._owed.pop(subject, None)
             _published(conn.environment_id, conn.user_id, "online", len(channels))
+            self._again_if_unsteady(subject, Owed("online", channels, transition_id, held.invisible))
         else:
             await self.publish(
                 conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
@@ -696,7 +704,8 @@ class PresenceService:
         Redis allows (not atomic with the publish): a change between the two is followed by its
         own transition.
         """
-        owed = dict(self._owed)
+        now = time.monotonic()
+        owed = {subject: entry for subject, entry in self._owed.items() if (entry.copy_at or now) <= now}
         users: dict[str, list[str]] = {}
         for environment_id, user_id in owed:
             users.setdefault(environment_id, []).append(user_id)
@@ -713,7 +722,41 @@ class PresenceService:
                     del self._owed[subject]
                     suppressed(user_id, entry.state, SUPERSEDED)
                     continue
-                await self.publish(environment_id, user_id, entry.state, entry.channels, entry.transition_id)
+                if entry.copy_at is not None:
+                    del self._owed[subject]
+                    await self._send(subject, entry)
+                else:
+                    await self.publish(
+                        environment_id,
+                        user_id,
+                        entry.state,
+                        entry.channels,
+                        entry.transition_id,
+                        hidden=entry.hidden,
+                        audience=entry.audience,
+                    )
+
+    def _again_if_unsteady(self, subject: Subject, owed: Owed) -> None:
+        """Send a transition that just went out once more, a refresh interval later, if the layer's Redis is just back.
+
+        A restart (or a cut connection) takes every instance's pub/sub connection down, and what
+        is published before an instance has subscribed again is not heard there (pub/sub keeps
+        nothing). This instance's own came back moments ago; a refresh interval later the others
+        have too. The same id: a watcher that had it drops the copy;
+        checked and superseded like an owed one, so a copy never undoes a newer transition.
+        """
+        window = self.timings.refresh / 1000
+        now = time.monotonic()
+        if now - channel_layer().back_at() < window and subject not in self._owed:
+            self._owe(subject, replace(owed, copy_at=now + window))
+
+    async def _send(self, subject: Subject, owed: Owed) -> None:
+        """Publish a copy of a transition that already went out (not counted, logged or hooked again)."""
+        sends = _group_sends(subject[1], owed.state, owed.channels, owed.transition_id, owed.hidden, owed.audience)
+        try:
+            await channel_layer().group_send_many(sends)
+        except Exception as error:
+            record_failure("publish", error)
 
     # ── publishing ───────────────────────────────────────────────────────────
     async def publish(
@@ -746,9 +789,10 @@ class PresenceService:
             await channel_layer().group_send_many(sends)
         except Exception as error:
             record_failure("publish", error)
-            self._owe(subject, Owed(state, channels, transition_id))
+            self._owe(subject, Owed(state, channels, transition_id, hidden, audience))
             return False
         _published(environment_id, user_id, state, len(channels), last_seen_ms)
+        self._again_if_unsteady(subject, Owed(state, channels, transition_id, hidden, audience))
         return True
 
     def _script_publishes(

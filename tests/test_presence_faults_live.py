@@ -23,6 +23,8 @@ from tests.support import (
     GRACE,
     REFRESH,
     TTL,
+    Instance,
+    add_user,
     barrier,
     close_all,
     connect,
@@ -85,6 +87,35 @@ async def test_a_failed_online_and_a_failed_offline_are_published_once_redis_tak
     assert states(linh, "tuan") == ["online", "offline"]
     store.close()
     await close_all(linh, probe)
+
+
+def published_states(instance: Instance, user_id: str) -> list[str]:
+    """The states `instance` logged publishing for `user_id`, in order."""
+    return [line["state"] for line in instance.events("presence.published") if line["user"] == user_id]
+
+
+async def test_an_invisible_users_failed_online_is_owed_to_their_own_connections_only(
+    live_instances, acme, presence_redis, publish_refused
+):
+    a, b = live_instances(2, **timings(RELAY_PRESENCE_REDIS_URL=presence_redis.url))
+    store = redis.Redis.from_url(presence_redis.url)
+    linh = await connect(a, acme, "linh")
+    tuan = await connect(b, acme, "tuan")
+    await tuan.send("presence.set", {"invisible": True})
+    assert await heard(linh, "tuan", 2) == ["online", "offline"]
+    await tuan.close()
+    await until(lambda: store.exists(marker_key(str(acme.environment.id), "tuan")))
+    # He comes back invisible: his `online` is for his own connections, and its publish fails.
+    publish_refused(True)
+    tuan = await connect(b, acme, "tuan")
+    await logged(b, "presence.failed", op="publish")
+    publish_refused(False)
+    # Sent again by the refresh, still to his own connections alone.
+    await until(lambda: published_states(b, "tuan").count("online") == 2)
+    probe = await barrier(a, acme, [linh])
+    assert states(linh, "tuan") == ["online", "offline"]
+    store.close()
+    await close_all(linh, tuan, probe)
 
 
 async def test_an_online_owed_to_a_user_who_left_meanwhile_is_dropped(
@@ -212,3 +243,33 @@ async def test_a_user_let_in_elsewhere_while_redis_was_silent_is_not_said_offlin
     assert lines([b], "presence.published", **offline) == []
     assert "offline" not in states(linh, "tuan") and states(linh, "tuan")[-1] == "online"
     await close_all(linh, back, probe)
+
+
+async def test_an_online_published_before_a_watchers_instance_subscribed_again_reaches_it(live_instances, acme):
+    # Redis restarts empty while linh's instance b is frozen, so b's pub/sub connection is down
+    # and cannot come back yet: tuan's `online`, published by his election on a, is not heard
+    # there. a's own pub/sub connection had just come back, so a sends it once more a refresh
+    # interval later, by when b has subscribed again. linh hears it once.
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(RELAY_REDIS_URL=server.url))
+        await add_user(acme, "mai")
+        mai = await connect(a, acme, "mai")  # a has groups, so its pub/sub connection comes back
+        linh = await connect(b, acme, "linh")
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            server.stop()
+            server.start()
+            await logged(a, "layer.reconnected")  # a's pub/sub connection is back, b's is not
+            tuan = await connect(a, acme, "tuan")
+            await logged(a, "presence.published", user="tuan", state="online")
+            assert states(linh, "tuan") == []
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+
+        assert await heard(linh, "tuan", 1) == ["online"]
+        probe = await barrier(b, acme, [linh])
+        assert states(linh, "tuan") == ["online"]
+        await close_all(linh, tuan, mai, probe)
+    finally:
+        server.close()

@@ -41,6 +41,7 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -88,6 +89,8 @@ class _Shard(RedisSingleShardConnection):
         # Redis refused a SUBSCRIBE, or the receiver could not connect again: no confirmation can
         # come until it is back, so no subscribe waits for one. Cleared when the receiver reads.
         self._away = False
+        # When (monotonic s) the receiver last read again after losing its connection.
+        self.back_at = float("-inf")
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -216,6 +219,7 @@ class _Shard(RedisSingleShardConnection):
                     # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
                     if self._reconnecting and not self._unsent:
                         self._reconnecting = False
+                        self.back_at = time.monotonic()
                         log_event(logger, Event.LAYER_RECONNECTED)
                     if message is not None and message["type"] == "subscribe":
                         self._confirm(message["channel"])
@@ -455,6 +459,10 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
             prepared.append((name, self.channel_layer.serialize(message)))
         return prepared
 
+    def back_at(self) -> float:
+        """When (monotonic s) a pub/sub connection of this loop last came back after a loss (-inf: never)."""
+        return max(shard.back_at for shard in self._shards)
+
     def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
         """The Redis channel name of every group named `prefix`..., minus the rest of the group's name.
 
@@ -504,6 +512,10 @@ class RelayPubSubChannelLayer(RedisPubSubChannelLayer):
     def publications(self, sends: Sequence[tuple[str, dict]], redis_url: str) -> list[tuple[str, bytes]] | None:
         """(Redis channel, serialized message) per (group, message); None unless they live on `redis_url`."""
         return self._get_layer().publications(sends, redis_url)
+
+    def back_at(self) -> float:
+        """When (monotonic s) a pub/sub connection of this loop last came back after a loss (-inf: never)."""
+        return self._get_layer().back_at()
 
     def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
         """The Redis channel prefix of the groups named `prefix`..., when they all live on `redis_url`."""

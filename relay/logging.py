@@ -117,3 +117,24 @@ class ConsoleFormatter(logging.Formatter):
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+class AbandonedDisconnectFilter(logging.Filter):
+    """Drops asyncio's report of a disconnect listener that Django's ASGI handler left behind.
+
+    Django's `ASGIHandler.handle` (5.2) runs `listen_for_disconnect` beside the view and, when the
+    request is cancelled while it waits on both (Daphne cancels every request in flight as it
+    stops), never retrieves it: the client's disconnect then ends it with `RequestAborted`, which
+    the handler ignores whenever it does retrieve it, and asyncio reports it as a traceback.
+    Upstream: https://github.com/django/django/pull/19366 (the handler in a TaskGroup).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from django.core.exceptions import RequestAborted
+
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, RequestAborted) and record.getMessage().startswith(UNRETRIEVED))
+
+
+# How asyncio's default exception handler opens its report of a task nobody awaited.
+UNRETRIEVED = "Task exception was never retrieved"

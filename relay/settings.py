@@ -305,6 +305,7 @@ LOGGING = {
             "formatter": RELAY_LOG_FORMAT,
         },
     },
+    "filters": {"abandoned_disconnect": {"()": "relay.logging.AbandonedDisconnectFilter"}},
     "root": {"handlers": ["stderr"], "level": RELAY_LOG_LEVEL},
     "loggers": {
         # Request lines for every API call are noise next to the event vocabulary.
@@ -313,6 +314,8 @@ LOGGING = {
         # Never a line per webhook attempt with its URL (whose query may carry the tenant's secret):
         # webhook.delivered / webhook.failed say what matters, without it.
         "aiohttp": {"level": "WARNING"},
+        # A client's disconnect is no error (relay/logging.py, AbandonedDisconnectFilter).
+        "asyncio": {"filters": ["abandoned_disconnect"]},
     },
 }
 

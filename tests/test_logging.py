@@ -1,9 +1,14 @@
-"""The JSON log format: one object per line with time, level, event and the fields."""
+"""The JSON log format: one object per line with time, level, event and the fields; and what is not logged."""
 
+import asyncio
+import inspect
 import json
 import logging
 
-from relay.logging import ConsoleFormatter, JsonFormatter, log_event
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler
+
+from relay.logging import UNRETRIEVED, ConsoleFormatter, JsonFormatter, log_event
 
 
 def render(formatter: logging.Formatter, emit) -> str:
@@ -55,3 +60,25 @@ def test_an_exception_stays_on_one_line():
 def test_the_console_format_is_readable():
     line = render(ConsoleFormatter(), lambda lg: log_event(lg, "connection.opened", connection_id="c1", user="linh"))
     assert line.endswith("INFO  connection.opened connection_id=c1 user=linh")
+
+
+def test_asyncio_reports_an_unretrieved_task_error_but_not_an_abandoned_disconnect_listeners(caplog):
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            for error in (RequestAborted(), ValueError("boom")):
+                loop.call_exception_handler({"message": UNRETRIEVED, "exception": error})
+    finally:
+        loop.close()
+    reported = [record.exc_info[1] for record in caplog.records if record.name == "asyncio"]
+    assert [type(error) for error in reported] == [ValueError]
+
+
+def test_djangos_asgi_handler_still_waits_on_its_disconnect_listener_without_a_task_group():
+    # The filter above answers this shape of `ASGIHandler.handle`; once Django runs the two in a
+    # TaskGroup (django/django#19366), a cancelled request takes its listener with it, and the
+    # filter can go.
+    source = inspect.getsource(ASGIHandler.handle)
+    assert "self.listen_for_disconnect(receive)" in source
+    assert "asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)" in source
+    assert "TaskGroup" not in source

@@ -742,8 +742,8 @@ class PresenceService:
         A restart (or a cut connection) takes every instance's pub/sub connection down, and what
         is published before an instance has subscribed again is not heard there (pub/sub keeps
         nothing). This instance's own came back moments ago; a refresh interval later the others
-        have too. The same id: a watcher that had it drops the copy;
-        checked and superseded like an owed one, so a copy never undoes a newer transition.
+        have too. The same id: a watcher that had it drops the copy. Checked and superseded like
+        an owed one, so a copy never undoes a newer transition.
         """
         window = self.timings.refresh / 1000
         now = time.monotonic()

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -238,8 +239,11 @@ async def test_groups_joined_while_the_cluster_is_down_are_subscribed_once_it_is
         await here.group_add_many(GROUPS, channel)
         assert _logged(caplog, "layer.disconnected")
         assert not _logged(caplog, "layer.reconnected")
+        assert here.back_at() == float("-inf")
         await asyncio.to_thread(cluster.start)
         await until(lambda: _logged(caplog, "layer.reconnected"))
+        # Presence sends what it publishes just now once more (PresenceService._again_if_unsteady).
+        assert time.monotonic() - here.back_at() < 10
         await make_layer(cluster).group_send_many([(group, {"type": "t", "group": group}) for group in GROUPS])
         received = [await asyncio.wait_for(here.receive(channel), 10) for _ in GROUPS]
         assert sorted(message["group"] for message in received) == sorted(GROUPS)

@@ -40,6 +40,7 @@ answer None): a script runs on one master, and the groups it would publish to li
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,8 @@ class _Outage:
 
     def __init__(self) -> None:
         self._causes: set[str] = set()
+        # When (monotonic s) the subscriptions last came back after an outage (-inf: never).
+        self.subscribed_at = float("-inf")
 
     def begin(self, cause: str, error: BaseException) -> None:
         if not self._causes:
@@ -171,6 +174,8 @@ class _Outage:
     def end(self, cause: str) -> None:
         if cause in self._causes:
             self._causes.discard(cause)
+            if cause == "subscribe":
+                self.subscribed_at = time.monotonic()
             if not self._causes:
                 log_event(logger, Event.LAYER_RECONNECTED)
 
@@ -499,6 +504,10 @@ class _ClusterShard(_Shard):
         self._flying = 0
         self._landed = asyncio.Event()
         self._landed.set()
+
+    def back_at(self) -> float:
+        """When (monotonic s) the sharded subscriptions last came back after an outage (-inf: never)."""
+        return self._outage.subscribed_at
 
     def _subscriptions(self) -> ShardedSubscriptions:
         if self._sharded is None:

@@ -36,6 +36,9 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
   only guards subscription changes.
 - `publications()`: the (Redis channel, payload) a group send would PUBLISH, so a Lua script on
   the same Redis can publish a presence transition in the round trip that decides it.
+- `back_at()`: when a pub/sub connection last came back after a loss. What is published before
+  every process has subscribed again is lost, so presence sends what it published just then
+  once more (`PresenceService._again_if_unsteady`).
 """
 
 import asyncio
@@ -90,7 +93,11 @@ class _Shard(RedisSingleShardConnection):
         # come until it is back, so no subscribe waits for one. Cleared when the receiver reads.
         self._away = False
         # When (monotonic s) the receiver last read again after losing its connection.
-        self.back_at = float("-inf")
+        self._back_at = float("-inf")
+
+    def back_at(self) -> float:
+        """When (monotonic s) the pub/sub connection last came back after a loss (-inf: never)."""
+        return self._back_at
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -219,7 +226,7 @@ class _Shard(RedisSingleShardConnection):
                     # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
                     if self._reconnecting and not self._unsent:
                         self._reconnecting = False
-                        self.back_at = time.monotonic()
+                        self._back_at = time.monotonic()
                         log_event(logger, Event.LAYER_RECONNECTED)
                     if message is not None and message["type"] == "subscribe":
                         self._confirm(message["channel"])
@@ -461,7 +468,7 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
 
     def back_at(self) -> float:
         """When (monotonic s) a pub/sub connection of this loop last came back after a loss (-inf: never)."""
-        return max(shard.back_at for shard in self._shards)
+        return max(shard.back_at() for shard in self._shards)
 
     def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
         """The Redis channel name of every group named `prefix`..., minus the rest of the group's name.

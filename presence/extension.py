@@ -219,8 +219,8 @@ async def presence_announce_channel(conn: Connection, message: dict) -> None:
         await _announce_channel(conn, message["channel"], message.get("told", ()))
 
 
-def _check_view(conn: Connection, read_at: float, epoch: str) -> None:
-    """Repair a snapshot this instance has since found read in a Redis that lost its data; else drop the kept view."""
+def _check_view(conn: Connection, read_at: float, epoch: str | None) -> None:
+    """Repair a snapshot (or a repair's read) since found read in a Redis that lost its data; else drop the view."""
     conn.state.pop(VIEW_CHECK_KEY, None)
     pending = conn.state.get(REPAIR_TASK_KEY)
     if pending is not None and not pending.done():
@@ -231,14 +231,16 @@ def _check_view(conn: Connection, read_at: float, epoch: str) -> None:
         conn.state.pop(delivery.VIEW_KEY, None)
 
 
-async def _repair_if_read_after_the_loss(conn: Connection, epoch: str) -> None:
+async def _repair_if_read_after_the_loss(conn: Connection, epoch: str | None) -> None:
     # Its user's bucket still in the epoch of the read: the read came after the loss began it.
     # In another: before the loss, and whole (a refresh has re-elected the user in a new one).
+    # None: a repair's read, whose epoch is not known; made again.
     service = actions.service()
-    now = await service.store.epoch(conn.environment_id, conn.user_id)
-    if now is not None and now != epoch:
-        conn.state.pop(delivery.VIEW_KEY, None)
-        return
+    if epoch is not None:
+        now = await service.store.epoch(conn.environment_id, conn.user_id)
+        if now is not None and now != epoch:
+            conn.state.pop(delivery.VIEW_KEY, None)
+            return
     await _repair_when_redis_answers(conn, service.unsettled_for())
 
 
@@ -276,6 +278,13 @@ async def presence_repair(conn: Connection, message: dict) -> None:
     co-member it already knew to be online, or who came online since, may be told twice. One who
     left was told.
     """
+    service = actions.service()
+    if settling := service.unsettled_for():
+        # Redis lost its data again since the repair was armed: read once every live holder has
+        # re-elected its users. The view stays kept, and transitions queue behind the repair.
+        _owe_repair(conn, settling)
+        return
+    read_at = time.monotonic()
     online = await reads.snapshot(conn)
     if online is None:
         _owe_repair(conn)
@@ -285,6 +294,14 @@ async def presence_repair(conn: Connection, message: dict) -> None:
         hidden = await reads.invisible_among(conn.environment_id, [u for u in online if u != conn.user_id])
         told = [user_id for user_id in online if user_id not in view and user_id not in hidden]
         for user_id in told:
+            view.add(user_id)
             await conn.send_frame("presence.changed", PresenceChanged(user=user_id, state="online"))
         log_event(logger, Event.PRESENCE_REPAIRED, connection_id=conn.connection_id, told=len(told))
+        # Maybe read just after Redis lost its data again, before this instance's refresh found
+        # out: the view is kept until it would have, and the repair made again if it did.
+        conn.state[delivery.VIEW_KEY] = view
+        if earlier := conn.state.pop(VIEW_CHECK_KEY, None):
+            earlier.cancel()
+        again = (service.timings.rejoin + service.timings.refresh) / 1000
+        conn.state[VIEW_CHECK_KEY] = asyncio.get_running_loop().call_later(again, _check_view, conn, read_at, None)
     await delivery.fanout().live(conn)

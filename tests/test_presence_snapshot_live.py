@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -208,6 +209,41 @@ async def test_a_watcher_whose_snapshot_redis_did_not_answer_learns_of_a_co_memb
         await linh.wait_for(lambda client: "tuan" in view(client))
         assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
         await close_all(linh, tuan)
+    finally:
+        server.close()
+
+
+async def test_a_watchers_repair_read_just_after_redis_restarted_empty_again_is_made_again(live_instances, acme):
+    # linh's snapshot goes out empty (Redis is down as she connects); her repair reads
+    # `Timings.rejoin` after a's first answer. Just before it does, Redis restarts empty again
+    # while tuan's instance is frozen: the read misses him, and his re-election once b thaws is
+    # silent. The repair must be made again once the holders have re-elected.
+    server = EmbeddedRedis().start()
+    refresh, margin = 500, 1500
+    try:
+        a, b = live_instances(2, **timings(ttl=3000, refresh=refresh, margin=margin, RELAY_REDIS_URL=server.url))
+        tuan = await connect(b, acme, "tuan")
+        server.stop()
+        linh = await connect(a, acme, "linh")
+        assert linh.of_type("presence.snapshot") == [{"online": [], "status": {}}]
+        server.start()
+        await logged(a, "presence.suppressed", user="linh", reason=actions.VANISHED)
+        repair_reads_at = time.monotonic() + (2 * refresh + margin) / 1000
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
+        await asyncio.sleep(repair_reads_at - 0.3 - time.monotonic())
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            server.stop()
+            server.start()
+            await asyncio.sleep(0.8)
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+        assert "tuan" not in view(linh)
+
+        await linh.wait_for(lambda client: "tuan" in view(client))
+        probe = await barrier(a, acme, [linh])
+        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(linh, tuan, probe)
     finally:
         server.close()
 

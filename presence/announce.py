@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import redis
 from asgiref.sync import async_to_sync, sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisClusterException
 
@@ -39,7 +40,7 @@ from presence.store import Timings, record_failure
 from relay import metrics
 from relay.layer import channel_layer
 from relay.logging import Event, log_event
-from relay.models import Channel, User
+from relay.models import Channel, Membership, User
 
 logger = logging.getLogger("presence")
 
@@ -65,14 +66,15 @@ def member_added(
     watchers = members_newly_seeing(str(channel.environment_id), user, channel_id, membership_id)
     if not watchers:
         return
-    message = transition_message(user.external_id, "online", str(uuid.uuid4()), channel_id, copies=1, audience=watchers)
+    environment_id = str(channel.environment_id)
+    transition_id = announcement_id(environment_id, membership_id)
+    message = transition_message(user.external_id, "online", transition_id, channel_id, copies=1, audience=watchers)
     publish = async_to_sync(_publications)([(group_name(channel_id), message)])
     if publish is None:
         # The groups live on another Redis than presence (RELAY_PRESENCE_REDIS_URL): the check
         # and the publish cannot be one script, and announcing after a separate check could follow the
         # user's `offline` and leave a ghost. They hear the user's next transition.
         return
-    environment_id = str(channel.environment_id)
     read_at = time.monotonic()
     announced = announce(environment_id, user.external_id, publish)
     if announced:
@@ -86,6 +88,55 @@ def member_added(
         # Redis did not answer: no later transition would tell these members, whose view of the
         # user starts now, so it is asked again until Redis answers.
         async_to_sync(_announce_when_redis_answers)(environment_id, user.external_id, publish, len(watchers))
+
+
+# The namespace of announcement ids (`announcement_id`).
+ANNOUNCEMENTS = uuid.uuid5(uuid.NAMESPACE_URL, "relay:presence.announced")
+
+
+def announcement_id(environment_id: str, membership_id: int | None) -> str:
+    """The transition id of a membership's announcement: the same wherever it is made.
+
+    The request that added the membership announces it, and so do the instances holding the
+    user's connections (`announce_held`); a watcher that heard one drops the others as copies.
+    A row moved to this pair (no id of its own) gets a fresh one.
+    """
+    if membership_id is None:
+        return str(uuid.uuid4())
+    return str(uuid.uuid5(ANNOUNCEMENTS, f"{environment_id}:{membership_id}"))
+
+
+def _held_announcement(environment_id: str, user_id: str, channel_id: str) -> tuple[str, list[str]] | None:
+    """The announcement's id and audience for the user's membership of the channel; None when it has none."""
+    membership = (
+        Membership.objects.filter(channel_id=channel_id, user__external_id=user_id, user__environment_id=environment_id)
+        .select_related("user")
+        .first()
+    )
+    if membership is None or is_invisible(environment_id, user_id) or large_channel_ids([channel_id]):
+        return None
+    watchers = members_newly_seeing(environment_id, membership.user, channel_id, membership.pk)
+    return (announcement_id(environment_id, membership.pk), watchers) if watchers else None
+
+
+async def announce_held(environment_id: str, user_id: str, channel_id: str) -> None:
+    """Announce a user added to a channel from an instance holding their connection, as the request did.
+
+    The request's announcement can find the user's key not re-elected yet after Redis lost its
+    data, and the later attempt it arms lives in its own process, which can die first. A holder
+    knows when it has re-elected the user, and lives as long as the connection: when Redis lost
+    its data around the change, it announces once that has settled (presence/extension.py).
+    """
+    found = await database_sync_to_async(_held_announcement)(environment_id, user_id, channel_id)
+    if found is None:
+        return
+    transition_id, watchers = found
+    message = transition_message(user_id, "online", transition_id, channel_id, copies=1, audience=watchers)
+    publish = await _publications([(group_name(channel_id), message)])
+    if publish is None:
+        return  # a separate presence Redis: as in `member_added`
+    if await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish):
+        log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=len(watchers))
 
 
 # Announcements waiting for a re-election or for Redis to answer, on the process's event loop

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from presence import actions, delivery, handlers, reads
+from presence import actions, announce, delivery, handlers, reads
 from presence.delivery import STATE_KEY
 from presence.fabric import STATUS_CHANGE, TRANSITION, Dedup, group_name, parse_fabric, parse_transition
 from presence.queries import large_channel_ids
@@ -146,13 +146,15 @@ class PresenceExtension(registry.Extension):
         if not large:
             if settling := actions.service().unsettled_for():
                 # Redis lost its data moments ago: co-members not re-elected yet would be missed,
-                # and their re-election is silent. Told once every live holder has re-elected.
+                # and their re-election is silent. Told once every live holder has re-elected,
+                # when the user is announced to the channel again too (`announce.announce_held`).
                 _later(conn, settling, {"type": ANNOUNCE_CHANNEL, "channel": channel_id})
             else:
                 read_at = time.monotonic()
                 if (told := await _announce_channel(conn, channel_id)) is not None:
                     # Maybe read just after Redis lost its data, before this instance's refresh
-                    # found out: asked again, for those not told, if the refresh then finds it.
+                    # found out: asked again, for those not told, if the refresh then finds it
+                    # (and the user announced again).
                     timings = actions.service().timings
                     again = (timings.rejoin + timings.refresh) / 1000
                     asyncio.get_running_loop().call_later(
@@ -214,8 +216,13 @@ def _later(conn: Connection, delay: float, message: dict) -> None:
 
 @registry.event(ANNOUNCE_CHANNEL)
 async def presence_announce_channel(conn: Connection, message: dict) -> None:
-    """Tell the connection who a channel it joined while Redis was settling made visible, if it still has it."""
+    """Tell the connection who a channel it joined while Redis was settling made visible, if it still has it.
+
+    And announce its user to the channel again: the request's announcement may have found them
+    not re-elected yet.
+    """
     if message["channel"] in conn.channel_ids:
+        await announce.announce_held(conn.environment_id, conn.user_id, message["channel"])
         await _announce_channel(conn, message["channel"], message.get("told", ()))
 
 

@@ -339,6 +339,34 @@ async def test_a_user_added_right_after_redis_restarted_empty_is_announced_once_
         server.close()
 
 
+async def test_a_user_added_right_after_redis_restarted_empty_is_announced_by_their_holder_if_the_api_instance_dies(
+    live_instances, acme
+):
+    # As above, but the instance that served the addition dies before it could ask again: tuan's
+    # own instance, which applies the change to his connection, announces him once it has
+    # re-elected him, under the membership's announcement id.
+    server = EmbeddedRedis().start()
+    try:
+        a, b, c = live_instances(3, **timings(ttl=3000, refresh=1000, margin=1500, RELAY_REDIS_URL=server.url))
+        await add_user(acme, "mai")
+        ops = await add_channel(acme, "ops", "public", ("mai",))
+        tuan = await connect(b, acme, "tuan")
+        mai = await connect(a, acme, "mai")
+        async with frozen_through_an_empty_restart(server, a, b, "mai", "tuan"):
+            status, _ = http("PUT", f"{c.http_url}/v1/channels/{ops.id}/members/tuan", api_key=acme.api_key)
+            assert status == 201
+            c.process.kill()
+            assert "tuan" not in view(mai)
+
+        await mai.wait_for(lambda client: "tuan" in view(client))
+        await logged(b, "presence.announced", user="tuan")
+        probe = await barrier(a, acme, [mai], channel="ops")
+        assert mai.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await close_all(mai, tuan, probe)
+    finally:
+        server.close()
+
+
 @AROUND_THE_NOTICE
 async def test_a_user_added_to_a_channel_right_after_redis_restarted_empty_is_told_who_it_made_visible(
     live_instances, acme, noticed, tuned

@@ -650,6 +650,10 @@ class PresenceService:
 
     async def _reap(self) -> None:
         """Decide every due deadline, a pass over every bucket at a time, until fewer than a batch were due in each."""
+        if self._unanswered or self._recovering_for() or self.unsettled_for():
+            # As a grace check waits (`_check`): Redis did not answer this instance lately, or
+            # lost its data, and a holder may not have elected (or re-elected) a user it let in.
+            return
         prefix = None if self.closed else channel_layer().group_channel_prefix(GROUP_PREFIX, self.store.url)
         while not self.closed:
             reaped = await self.store.reap(prefix)

@@ -11,6 +11,7 @@ fixture proves it did not run early, then moves the clock to it.
 
 import asyncio
 import json
+import time
 import uuid
 
 import pytest
@@ -187,6 +188,33 @@ async def tick(service: actions.PresenceService) -> None:
     if service.held:
         await service._refresh()
     await service._reap()
+
+
+async def test_the_reaper_waits_while_redis_did_not_answer_its_instance_lately(acme, monkeypatch, closing):
+    # A user let in elsewhere while Redis did not answer has no key until that holder's next
+    # answered refresh: a reaper run then would take the missing key for a departure (found by
+    # the chaos checker after a short Redis pause). It waits as a grace check does.
+    linh = await closing(Socket.open(acme.token("linh")))
+    await linh.wait_changes(1)
+    service = actions.service()
+    reaps = []
+    reap = service.store.reap
+
+    async def recorded(prefix):
+        reaps.append(prefix)
+        return await reap(prefix)
+
+    monkeypatch.setattr(service.store, "reap", recorded)
+    monkeypatch.setattr(service, "_unanswered", True)  # the last refresh got no answer
+    await service._reap()
+    assert reaps == []
+    service._answered_again()  # answered now: every holder's refresh answers within Timings.rejoin
+    assert service._recovering_for() > 0
+    await service._reap()
+    assert reaps == []
+    monkeypatch.setattr(service, "_back_at", time.monotonic() - service.timings.rejoin / 1000)
+    await service._reap()
+    assert len(reaps) == 1
 
 
 async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(

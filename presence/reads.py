@@ -124,8 +124,8 @@ async def announce_new_co_members(conn: Connection, channel_id: str, exclude: Co
     `membership_changed`), so a transition racing it is queued behind these frames, as one
     racing the connect's snapshot is behind the snapshot. Users the channel did not make visible
     (`newly_visible_ids`) are left out: the client already knows their state, as are `exclude`
-    (told by an earlier read). Returns who was told; None when the presence Redis did not answer (logged
-    by the store): nothing was told, and the caller owes it.
+    (told by an earlier read). Returns who was told; None when the presence Redis did not answer
+    (logged by the store): nothing was told, and the caller owes it.
     """
     candidates = await newly_visible(conn.environment_id, conn.user_id, channel_id)
     online = await actions.service().store.online(conn.environment_id, candidates)

@@ -68,7 +68,8 @@ def member_added(
         return
     environment_id = str(channel.environment_id)
     transition_id = announcement_id(environment_id, membership_id)
-    message = transition_message(user.external_id, "online", transition_id, channel_id, copies=1, audience=watchers)
+    # No `copies`: the user's holders may send it too (`announce_held`), so watchers deduplicate it.
+    message = transition_message(user.external_id, "online", transition_id, channel_id, audience=watchers)
     publish = async_to_sync(_publications)([(group_name(channel_id), message)])
     if publish is None:
         # The groups live on another Redis than presence (RELAY_PRESENCE_REDIS_URL): the check
@@ -122,21 +123,24 @@ def _held_announcement(environment_id: str, user_id: str, channel_id: str) -> tu
 async def announce_held(environment_id: str, user_id: str, channel_id: str) -> None:
     """Announce a user added to a channel from an instance holding their connection, as the request did.
 
-    The request's announcement can find the user's key not re-elected yet after Redis lost its
-    data, and the later attempt it arms lives in its own process, which can die first. A holder
-    knows when it has re-elected the user, and lives as long as the connection: when Redis lost
-    its data around the change, it announces once that has settled (presence/extension.py).
+    The request's announcement can find the user offline: between a close's grace and a connect
+    whose channels were read before the change, or with their key not re-elected yet after Redis
+    lost its data, when the later attempt it arms lives in its own process, which can die first.
+    A holder applies the change once the user is elected there, knows when it has re-elected them,
+    and lives as long as the connection: it announces as it applies the change, and once Redis
+    has settled if it lost its data around then (presence/extension.py). Logged with `holder`:
+    usually a copy of the request's, which watchers drop.
     """
     found = await database_sync_to_async(_held_announcement)(environment_id, user_id, channel_id)
     if found is None:
         return
     transition_id, watchers = found
-    message = transition_message(user_id, "online", transition_id, channel_id, copies=1, audience=watchers)
+    message = transition_message(user_id, "online", transition_id, channel_id, audience=watchers)
     publish = await _publications([(group_name(channel_id), message)])
     if publish is None:
         return  # a separate presence Redis: as in `member_added`
     if await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish):
-        log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=len(watchers))
+        log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=len(watchers), holder=True)
 
 
 # Announcements waiting for a re-election or for Redis to answer, on the process's event loop

@@ -147,10 +147,13 @@ class PresenceExtension(registry.Extension):
             if settling := actions.service().unsettled_for():
                 # Redis lost its data moments ago: co-members not re-elected yet would be missed,
                 # and their re-election is silent. Told once every live holder has re-elected,
-                # when the user is announced to the channel again too (`announce.announce_held`).
+                # when the user is announced to the channel too (`announce.announce_held`).
                 _later(conn, settling, {"type": ANNOUNCE_CHANNEL, "channel": channel_id})
             else:
                 read_at = time.monotonic()
+                # The request's announcement can find the user offline between a close's grace
+                # and a connect whose channels were read before the change: their holder tells.
+                await announce.announce_held(conn.environment_id, conn.user_id, channel_id)
                 if (told := await _announce_channel(conn, channel_id)) is not None:
                     # Maybe read just after Redis lost its data, before this instance's refresh
                     # found out: asked again, for those not told, if the refresh then finds it

@@ -49,8 +49,22 @@ class Slot:
 
     @property
     def positions(self) -> dict[str, int]:
-        """The last seq this user saw per channel (shared by the user's devices, as an app stores it)."""
+        """The highest contiguous seq this user saw per channel (shared by the user's devices, as an app stores it)."""
         return self.population.positions[self.name]
+
+    def saw(self, channel: str, seq: int) -> None:
+        """Advance the channel's position over `seq`: live messages may overtake each other, and a
+        resume from the highest seq seen would skip one still on its way (docs/clients.md)."""
+        # A channel first seen now starts where this user joined its stream.
+        position = self.positions.setdefault(channel, seq - 1)
+        if seq <= position:
+            return
+        ahead = self.population.ahead[self.name][channel]
+        ahead.add(seq)
+        while position + 1 in ahead:
+            position += 1
+            ahead.discard(position)
+        self.positions[channel] = position
 
     async def run(self) -> None:
         quiet = self.population.quiet
@@ -128,8 +142,7 @@ class Slot:
                 if frame.get("type") == "connection.ack":
                     self.population.channels_of[conn_id] = set(payload.get("channels", []))
                 elif frame.get("type") == "message.created":
-                    channel = payload["channel"]
-                    self.positions[channel] = max(self.positions.get(channel, 0), payload["seq"])
+                    self.saw(payload["channel"], payload["seq"])
         except websockets.ConnectionClosed:
             pass
         finally:
@@ -165,6 +178,8 @@ class Population:
         self.history = history
         self.quiet = asyncio.Event()
         self.positions: dict[str, dict[str, int]] = defaultdict(dict)
+        # Seqs seen above each user's position, per channel, until the ones between arrive.
+        self.ahead: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
         self.channels_of: dict[str, set[str]] = defaultdict(set)
         self.last_sent: dict[str, dict] = {}
         rng = random.Random(f"{seed}:devices")

@@ -182,6 +182,47 @@ def test_live_messages_out_of_seq_order_are_counted_but_allowed():
     assert report.operations["live_reorders"] == 1
 
 
+def test_a_gap_whose_missing_message_was_acked_just_before_the_close_is_not_caught():
+    # u1 got seqs 2 and 4 but not 3, whose ack (u2's reader was slow) came less than the slack
+    # before u1 closed: seq 3 may still have been on its way, overtaken by seq 4 on the channel layer.
+    missed = recv(12.05, "a/u1#0.1", "message.created", id="m3", channel="ca", seq=3, user="u2", text="hi")
+    records = in_order([*without(clean(), [missed]), *message(13.0, "a/u2#0.2", 4, ["a/u1#0.1", "a/u2#0.2"])])
+
+    def acked_at(t: float) -> list[dict]:
+        return moved(records, "a/u2#0.2", "message.ack", 3, t)
+
+    assert found(acked_at(25.5)) == {}
+    # Acked more than the slack before the close, it was owed: the gap and the live check both say so.
+    summaries = [violation.summary for violation in checker.check(acked_at(24.5)).violations]
+    assert summaries == [
+        "connection a/u1#0.1 got seqs 2 and 4 of ca, and never 3..3",
+        "connection a/u1#0.1 of a member was open around the ack of seq 3 of ca (t=24.50s) and never got it",
+    ]
+
+
+def test_a_late_frame_of_a_message_stored_before_a_connection_without_a_cursor_opened_is_no_gap():
+    # a1 opens at 12.5 without a cursor. Seq 2's live frame comes late (at 12.6), then seq 4: seq 3,
+    # sent at 12.0, before a1 was in, may have gone out before a1 listened: not owed. With a cursor it was.
+    a1 = "a/a1#0.1"
+
+    def with_a1(cursor: dict | None) -> list[dict]:
+        return in_order(
+            [
+                *clean(),
+                *connected(12.5, a1, "a", "a1", ["a1", "u1", "u2"], cursor),
+                changed(12.65, "a/u1#0.1", "a1", ONLINE),
+                changed(12.65, "a/u2#0.2", "a1", ONLINE),
+                recv(12.6, a1, "message.created", id="m2", channel="ca", seq=2, user="u1", text="hi"),
+                *message(13.0, "a/u2#0.2", 4, ["a/u1#0.1", "a/u2#0.2", a1]),
+                closed(26.0, a1),
+            ]
+        )
+
+    assert found(with_a1(None)) == {}
+    summaries = [violation.summary for violation in checker.check(with_a1({"ca": 1})).violations]
+    assert summaries == ["connection a/a1#0.1 got seqs 2 and 4 of ca, and never 3..3"]
+
+
 def test_a_message_acked_late_to_a_stalled_sender_is_owed_to_connections_open_since_it_was_sent():
     # u1's reader stalls from 11 s to 14 s: seq 2, stored at once, has its ack read at 14 s.
     records = moved(clean(), "a/u1#0.1", "message.ack", 2, 14.0)

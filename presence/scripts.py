@@ -492,19 +492,19 @@ return {vanished, unwritten}
 # bucket's epoch alive (created when missing, renewed like REFRESH does) while any instance lives,
 # so a bucket whose users' only holder died still has the epoch their deadlines were written in.
 #
-# KEYS: the bucket's deadlines and epoch. ARGV: fresh epoch, epoch ttl, batch. Returns the due
-# members, at most a batch.
+# KEYS: the bucket's deadlines and epoch. ARGV: fresh epoch, epoch ttl, batch. Returns Redis's
+# time and the due members, at most a batch.
 #
 # Equivalent Python:
 #
 #     redis[epoch_key].expire(epoch_ttl)
-#     return [m for m, deadline in deadlines.items() if deadline <= now][:batch]
+#     return [now, [m for m, deadline in deadlines.items() if deadline <= now][:batch]]
 DUE = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[1]")
     + """
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))}
 """
 )
 
@@ -517,7 +517,9 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 # holders (two refresh intervals), fresh epoch, a uuid4 the transition ids are made from, the
 # Redis channel prefix of the presence groups ("" when a script cannot publish to them: another
 # Redis, or a cluster), the environments that listen for webhooks (comma-separated, "" for none),
-# the TTL, then the members. Each member's deadline is looked at again (another instance's
+# the TTL, the Redis time after which the script decides nothing (its DUE's plus a call's timeout:
+# Redis was silent in between, and a holder may have let a user in without an election), then
+# the members. Each member's deadline is looked at again (another instance's
 # reaper, or a connect, may have taken it since DUE read it); a due one is decided through the
 # same marker as the grace check, so a reaper and a grace check never both publish; with a
 # prefix, the winner's `offline` is PUBLISHed here, to the channels kept beside the deadline, so
@@ -532,6 +534,8 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 # Equivalent Python:
 #
 #     decided = []
+#     if now > not_after:
+#         return decided
 #     for member, (key, info, marker) in users:
 #         deadline = deadlines.get(member)
 #         if deadline is None or deadline > now:           # taken or renewed since DUE
@@ -562,6 +566,9 @@ REAP = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[2]", fresh="ARGV[4]")
     + """
+if now > tonumber(ARGV[9]) then
+  return {}
+end
 local prefix = ARGV[6]
 local base = string.sub(ARGV[5], 1, 28)
 local made = 0
@@ -574,7 +581,7 @@ end
 if ARGV[7] ~= '' then
   k = 4
 end
-for i = 9, #ARGV do
+for i = 10, #ARGV do
   local name = ARGV[i]
   local key, info, marker = KEYS[k], KEYS[k + 1], KEYS[k + 2]
   k = k + 3

@@ -494,10 +494,16 @@ class PresenceStore:
         found = await self.call("reap", lambda: self._send_scripts(due_calls))
         if found is None or not self._answered_any("reap", found):
             return None
-        due = {bucket: [as_text(name) for name in names] for bucket, names in enumerate(found) if _is_list(names)}
+        # Per bucket, Redis's time as DUE ran (on the bucket's own node in a cluster) and the due members.
+        read_at = {bucket: int(reply[0]) for bucket, reply in enumerate(found) if _is_list(reply)}
+        due = {bucket: [as_text(name) for name in reply[1]] for bucket, reply in enumerate(found) if _is_list(reply)}
         # A deadline of another epoch waits two refresh intervals, not one: a holder's first call
         # after Redis restarted can fail on a connection the restart closed (no retries here).
         wait = 2 * t.refresh
+        # A REAP that runs later than a call may wait after its DUE found Redis silent in between
+        # (a pause, a stall): a holder may have let a user in without an election meanwhile, so
+        # the script decides nothing and the next pass, which waits for the holders, looks again.
+        silent_ms = round(TIMEOUT_SECONDS * 1000)
         calls = []
         for bucket, names in due.items():
             if not names:
@@ -512,16 +518,13 @@ class PresenceStore:
                     marker_key(environment_id, user_id),
                 ]
             args = [t.marker_ttl, t.grace, wait, fresh_epoch(), str(uuid.uuid4()), publish_prefix or "", listening]
-            calls.append((self._reap, keys, [*args, t.ttl, *names]))
+            calls.append((self._reap, keys, [*args, t.ttl, read_at[bucket] + silent_ms, *names]))
         most = max((len(names) for names in due.values()), default=0)
         if not calls:
             return Reaped(due=most, decided=[])
         # Redis's time before the scripts: no decision is older, and an entry in an online set
         # written after a decision scores at least decision + seen_for (`channels_gone`).
-        clock = await self.call("reap", self.client.time)
-        if clock is None:
-            return None
-        decided_ms = clock[0] * 1000 + clock[1] // 1000
+        decided_ms = min(read_at[bucket] for bucket, names in due.items() if names)
         decided: list[tuple[str, bool, list[str]]] = []
         hidden: set[str] = set()
         for chunk in _chunks(calls):
@@ -685,11 +688,11 @@ async def _outcome(call: Awaitable[T]) -> T | Exception:
 
 def _chunks(calls: list[tuple[AsyncScript, list, list]]) -> list[list[tuple[AsyncScript, list, list]]]:
     """REAP calls in round trips of about REAP_BATCH users each: one holds Redis as long as one
-    script of a batch would (a REAP call's ARGV ends with its users, after 8 settings)."""
+    script of a batch would (a REAP call's ARGV ends with its users, after 9 settings)."""
     chunks: list[list[tuple[AsyncScript, list, list]]] = []
     size = REAP_BATCH
     for call in calls:
-        users = len(call[2]) - 8
+        users = len(call[2]) - 9
         if size + users > REAP_BATCH:
             chunks.append([])
             size = 0

@@ -26,7 +26,7 @@ from presence.scripts import (
     user_deadlines_key,
     user_epoch_key,
 )
-from presence.store import PresenceStore, Timings
+from presence.store import TIMEOUT_SECONDS, PresenceStore, Timings
 from tests.support import events
 
 ACME = str(uuid.uuid4())
@@ -299,9 +299,8 @@ async def test_the_reaper_leaves_a_deadline_renewed_after_its_due_read(stores, r
     redis_client.delete(presence_key(ACME, "linh"))
     bucket = user_bucket(ACME, "linh")
     # What DUE read is no longer due: a refresh (or a connect) renewed it since.
-    keys = [deadlines_key(bucket), epoch_key(bucket)]
-    keys += [presence_key(ACME, "linh"), channels_key(ACME, "linh"), marker_key(ACME, "linh")]
-    args = [TIMINGS.marker_ttl, TIMINGS.grace, 2 * TIMINGS.refresh, "fresh", str(uuid.uuid4()), "", "", TIMINGS.ttl]
+    keys, args = reap_call(bucket, "linh")
+    args.append(redis_now(redis_client) + 60_000)
     assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == []
     assert redis_client.zscore(deadlines_key(bucket), member(ACME, "linh")) > 0
     assert not redis_client.exists(marker_key(ACME, "linh"))
@@ -309,6 +308,63 @@ async def test_the_reaper_leaves_a_deadline_renewed_after_its_due_read(stores, r
     redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
     assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == [member(ACME, "linh").encode(), 1, b""]
     assert redis_client.exists(marker_key(ACME, "linh"))
+
+
+def redis_now(client) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def reap_call(bucket: int, user_id: str) -> tuple[list, list]:
+    """The keys and settings of a REAP script of one user (no prefix, no webhooks)."""
+    keys = [deadlines_key(bucket), epoch_key(bucket)]
+    keys += [presence_key(ACME, user_id), channels_key(ACME, user_id), marker_key(ACME, user_id)]
+    args = [TIMINGS.marker_ttl, TIMINGS.grace, 2 * TIMINGS.refresh, "fresh", str(uuid.uuid4()), "", "", TIMINGS.ttl]
+    return keys, args
+
+
+async def test_a_reap_script_run_after_its_time_decides_nothing(stores, redis_client):
+    # Its DUE's time plus a call's timeout: run later, Redis was silent in between, and a holder
+    # may have let the user in without an election meanwhile.
+    one, _ = stores
+    await admit(one, ACME, "linh", "c1")
+    redis_client.delete(presence_key(ACME, "linh"))
+    bucket = user_bucket(ACME, "linh")
+    redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
+    keys, args = reap_call(bucket, "linh")
+
+    assert await one._reap(keys=keys, args=[*args, redis_now(redis_client) - 1, member(ACME, "linh")]) == []
+    assert redis_client.zscore(deadlines_key(bucket), member(ACME, "linh")) == 0
+    assert not redis_client.exists(marker_key(ACME, "linh"))
+    reply = await one._reap(keys=keys, args=[*args, redis_now(redis_client) + 5000, member(ACME, "linh")])
+    assert reply == [member(ACME, "linh").encode(), 1, b""]
+    assert redis_client.exists(marker_key(ACME, "linh"))
+
+
+async def test_a_reap_sent_later_than_a_call_may_wait_after_its_due_decides_nothing(stores, redis_client):
+    # The reaper's instance stalls (frozen, starved of CPU) between DUE and REAP. Its look at the
+    # instance's own state before the pass is stale by then: Redis may have been silent meanwhile,
+    # and a holder may have let the user in without an election. The next pass decides.
+    _, two = stores
+    await admit(two, ACME, "linh", "c1")
+    redis_client.delete(presence_key(ACME, "linh"))
+    bucket = user_bucket(ACME, "linh")
+    redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
+    send_scripts, calls = two._send_scripts, []
+
+    async def stalled_after_due(scripts):
+        calls.append(len(scripts))
+        if len(calls) == 2:
+            await asyncio.sleep(TIMEOUT_SECONDS + 0.1)
+        return await send_scripts(scripts)
+
+    two._send_scripts = stalled_after_due
+    assert (await two.reap()).decided == []
+    assert calls == [BUCKETS, 1]
+    assert redis_client.zscore(deadlines_key(bucket), member(ACME, "linh")) == 0
+    assert not redis_client.exists(marker_key(ACME, "linh"))
+    two._send_scripts = send_scripts
+    assert (await two.reap()).decided == [(member(ACME, "linh"), True, [])]
 
 
 async def test_an_announcement_is_published_only_while_the_user_is_online(stores, redis_client):

@@ -9,6 +9,7 @@ its own connections.
 """
 
 import asyncio
+import collections
 import functools
 import logging
 import math
@@ -47,6 +48,10 @@ RECOVERING = "redis did not answer moments ago; asking again once every holder r
 SUPERSEDED = "its publish failed and the user's state has changed since"
 
 Subject = tuple[str, str]
+
+# How many of Redis's latest losses `lost_before` remembers: a read is checked within
+# `Timings.rejoin` and an interval of it, and Redis does not restart that often.
+LOSSES_KEPT = 8
 
 # Presence's one source of time on this instance (relay/clock.py); tests replace it.
 clock: Clock = LoopClock()
@@ -178,11 +183,12 @@ class PresenceService:
         self._answered: asyncio.Future | None = None
         # Until when (monotonic s) a read may miss users still to be re-elected (`unsettled_for`).
         self._settles_at = 0.0
-        # When (monotonic s) the last answered refresh began, and (`lost_before`) the last time a
-        # refresh found this instance's users' keys gone: when the answered one before it began
-        # (Redis lost them after that), and when it found them gone.
+        # When (monotonic s) the last answered refresh began, and (`lost_before`) the latest times
+        # a refresh found this instance's users' keys gone: when the answered one before it began
+        # (Redis lost them after that), and when it found them gone. Several: Redis can restart
+        # again before the reads of the first loss are checked.
         self._answered_began = -math.inf
-        self._lost = (math.inf, -math.inf)
+        self._losses: collections.deque[tuple[float, float]] = collections.deque(maxlen=LOSSES_KEPT)
         # Whether Redis did not answer the last refresh (or grace check), and when (monotonic s) it
         # next answered this instance (`_recovering_for`).
         self._unanswered = False
@@ -303,8 +309,11 @@ class PresenceService:
         That is, the last refresh to find this instance's users' keys gone came after `moment`,
         and the refresh answered before it (which found them there) began before `moment`.
         """
-        began, found = self._lost
-        return began <= moment <= found
+        return any(began <= moment <= found for began, found in self._losses)
+
+    def lost_after(self, moment: float) -> bool:
+        """Whether Redis may have lost its data (again) after `moment` (monotonic s), as found out since."""
+        return any(began > moment for began, _ in self._losses)
 
     def _settling(self, left_ms: float) -> None:
         self._settles_at = max(self._settles_at, time.monotonic() + left_ms / 1000)
@@ -632,7 +641,7 @@ class PresenceService:
         for name in unwritten:
             snapshot[name][1].written = None  # sent again next time
         if vanished:
-            self._lost = (self._answered_began, time.monotonic())
+            self._losses.append((self._answered_began, time.monotonic()))
             self._settling(self.timings.rejoin)
         self._answered_began = began
         for name, had_marker in vanished:

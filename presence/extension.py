@@ -236,17 +236,18 @@ def _check_view(conn: Connection, read_at: float, epoch: str | None) -> None:
     if pending is not None and not pending.done():
         return  # that repair reads the view
     if actions.service().lost_before(read_at):
-        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_if_read_after_the_loss(conn, epoch))
+        conn.state[REPAIR_TASK_KEY] = asyncio.ensure_future(_repair_if_read_after_the_loss(conn, read_at, epoch))
     else:
         conn.state.pop(delivery.VIEW_KEY, None)
 
 
-async def _repair_if_read_after_the_loss(conn: Connection, epoch: str | None) -> None:
+async def _repair_if_read_after_the_loss(conn: Connection, read_at: float, epoch: str | None) -> None:
     # Its user's bucket still in the epoch of the read: the read came after the loss began it.
-    # In another: before the loss, and whole (a refresh has re-elected the user in a new one).
-    # None: a repair's read, whose epoch is not known; made again.
+    # In another: before the loss, and whole (a refresh has re-elected the user in a new one),
+    # unless Redis lost its data again since, which began another. None: a repair's read, whose
+    # epoch is not known; made again.
     service = actions.service()
-    if epoch is not None:
+    if epoch is not None and not service.lost_after(read_at):
         now = await service.store.epoch(conn.environment_id, conn.user_id)
         if now is not None and now != epoch:
             conn.state.pop(delivery.VIEW_KEY, None)

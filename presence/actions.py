@@ -57,6 +57,19 @@ LOSSES_KEPT = 8
 clock: Clock = LoopClock()
 
 
+def _unheard(election: Election, channels: Iterable[str]) -> frozenset[str]:
+    """The channels whose members may not have heard the `online` an unretracted election took over.
+
+    Those added since the holder that published it last wrote the user's channels: an addition
+    made while the key was gone (after a close's grace, before its check) found the user offline
+    and announced nothing, and this election publishes nothing either. Not known when none were
+    kept (Redis lost them): nobody, rather than a second `online` to every channel.
+    """
+    if not election.unretracted or election.heard is None:
+        return frozenset()
+    return frozenset(channels) - election.heard
+
+
 @dataclass
 class Held:
     """One user this instance holds connections for.
@@ -197,14 +210,16 @@ class PresenceService:
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
         self, conn: Connection, watch: Sequence[str], large: Collection[str] = ()
-    ) -> tuple[list[str], dict[str, int], int, int, str | None] | None:
+    ) -> tuple[list[str], dict[str, int], int, int, str | None, frozenset[str]] | None:
         """Admit a connection: enforce the limit, run the election, publish `online` if won.
 
         Returns which of `watch` are online and how many are in each `large` channel, read in
         the same round trip after the election, for how long (ms) that read may still miss
         users whose holders have not re-elected them in a Redis that lost its data (0: it
-        cannot), for how long (ms) this instance may yet find that it did (`_young`) and the
-        epoch of the user's bucket it was read in; None when Redis did not answer. Raises
+        cannot), for how long (ms) this instance may yet find that it did (`_young`), the
+        epoch of the user's bucket it was read in, and the user's channels whose members may not
+        have heard the `online` this connection took over (`unheard`); None when Redis did not
+        answer. Raises
         ConnectionRefused(4429) when the user already holds the maximum of connections
         anywhere; nothing is changed then. With Redis unreachable the connection is admitted
         (presence must not take sockets down with it) and the refresh announces it later.
@@ -264,7 +279,7 @@ class PresenceService:
             )
         unsettled = self._unsettled(election)
         young = 0 if unsettled else self._young(election)
-        return election.online, election.occupancy, unsettled, young, election.epoch
+        return election.online, election.occupancy, unsettled, young, election.epoch, _unheard(election, channels)
 
     def _unsettled(self, election: Election) -> int:
         """For how long (ms) the election's snapshot may miss users still to be re-elected.

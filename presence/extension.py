@@ -35,6 +35,8 @@ UNSETTLED_KEY = "presence.unsettled"
 # For how long (ms) this instance may yet find that the snapshot was read in a Redis that lost its
 # data, and when (monotonic s) it was read.
 YOUNG_KEY = "presence.young"
+# The user's channels whose members may not have heard the `online` the election took over.
+UNHEARD_KEY = "presence.unheard"
 # The timer that then repairs the connection, or lets its kept view go.
 VIEW_CHECK_KEY = "presence.view_check"
 # The event, on the connection's own queue, that tells it who a channel it joined made visible.
@@ -75,7 +77,9 @@ class PresenceExtension(registry.Extension):
         watch, large = conn.loaded.get(self) or (None, frozenset())
         delivery.fanout().modes(conn.channel_ids, large)
         read = await actions.service().connect(conn, watch or (), large)
-        online, occupancy, unsettled, young, epoch = read or (None, {}, 0, 0, None)
+        online, occupancy, unsettled, young, epoch, unheard = read or (None, {}, 0, 0, None, frozenset())
+        if unheard:
+            conn.state[UNHEARD_KEY] = unheard
         if watch is not None:
             # None: Redis did not answer the election (nor so the snapshot's read).
             conn.state[SNAPSHOT_KEY] = None if online is None else sorted(online)
@@ -95,6 +99,10 @@ class PresenceExtension(registry.Extension):
             await delivery.fanout().live(conn)
         if repair is not None:
             _owe_repair(conn, *repair)
+        # Channels added while the user's key was gone, whose members never heard the `online`
+        # this connection took over (`actions._unheard`): announced as their holder would.
+        for channel_id in sorted(conn.state.pop(UNHEARD_KEY, ())):
+            await announce.announce_held(conn.environment_id, conn.user_id, channel_id)
 
     async def _snapshot(self, conn: Connection) -> tuple[float | None] | None:
         """Send the snapshot; whether a repair is owed, and after how long (None: once Redis answers)."""

@@ -156,10 +156,11 @@ end
 # channel ids (comma-separated), n, then n (channel, payload) pairs to PUBLISH if this connection
 # wins, then "1" when the user is invisible (their `online` is for their own connections only)
 # else "0". The limit, the election and the winner's `online` in one round trip (the snapshot is read
-# from the channels' online sets beside it). Returns {admitted, won, epoch, the epoch's age (ms)};
-# won is 0 (the
-# user was online already), 1 (this connection publishes `online`) or 2 (the key was gone but the
-# user's last `online` was never retracted: nothing to publish). Webhooks: with a 7th key (the
+# from the channels' online sets beside it). Returns {admitted, won, epoch, the epoch's age (ms),
+# heard}; won is 0 (the user was online already), 1 (this connection publishes `online`) or 2 (the
+# key was gone but the user's last `online` was never retracted: nothing to publish). heard, when
+# won is 2: "=" and the channel ids kept beside the deadline before this connection's (those whose
+# members that `online` could reach), "" when none were kept. Webhooks: with a 7th key (the
 # user's bucket stream, webhooks/stream.py), the winner's `user.online` is XADDed there too.
 #
 # Equivalent Python:
@@ -170,10 +171,13 @@ end
 #     if len(conns) >= max:
 #         return [0, 0]                                    # refused: 4429
 #     conns[connection_id] = now + ttl                     # the set itself expires in ttl
+#     heard = ""
 #     if key not in redis:                                 # this connection elects the user
 #         redis[key] = expiring(ttl)
 #         if marker not in redis and member in deadlines:  # an `online` never retracted
 #             won = 2
+#             if "c" in channels_hash:
+#                 heard = "=" + channels_hash["c"]
 #         else:
 #             won = 1
 #             del redis[marker]
@@ -188,7 +192,7 @@ end
 #     deadlines[member] = now + ttl + grace
 #     channels_hash.update(c=channel_ids, e=epoch)
 #     age = now - int(epoch.rpartition("@")[2] or 0)
-#     return [1, won, epoch, age]
+#     return [1, won, epoch, age, heard]
 ADMIT = (
     _NOW
     + _EPOCH.format(epoch_key="KEYS[6]", fresh="ARGV[7]")
@@ -206,6 +210,7 @@ end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ttl)
 local won = 0
+local heard = ''
 if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
   if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('ZSCORE', KEYS[4], ARGV[5]) then
     -- The key is gone, yet nobody said the user left and their deadline stands: the instance
@@ -213,6 +218,11 @@ if redis.call('SET', KEYS[2], '1', 'PX', ttl, 'NX') then
     -- heard was never retracted. A second one would say nothing new; the deadline is taken
     -- over below, so the reaper stays quiet too.
     won = 2
+    -- Members of channels added since that `online` never heard it: the caller announces to them.
+    local before = redis.call('HGET', KEYS[5], 'c')
+    if before then
+      heard = '=' .. before
+    end
   else
     won = 1
     -- The winner clears "somebody already said they left" so the next departure elects again.
@@ -237,7 +247,7 @@ end
 redis.call('ZADD', KEYS[4], now + ttl + tonumber(ARGV[3]), ARGV[5])
 redis.call('HSET', KEYS[5], 'c', ARGV[8], 'e', epoch)
 -- The epoch and its age: a young one means Redis lost its data moments ago (begin)
-return {1, won, epoch, now - (tonumber(string.match(epoch, '@(%d+)$')) or 0)}
+return {1, won, epoch, now - (tonumber(string.match(epoch, '@(%d+)$')) or 0), heard}
 -- (end)
 """
 )

@@ -91,6 +91,9 @@ class Election:
     # The epoch Redis is in, and how long ago (ms) it began (docs/presence.md, Redis loses its data).
     epoch: str | None = None
     epoch_age_ms: int = 0
+    # When `unretracted`: the channels the user's `online` could reach (kept beside the deadline
+    # before this connection's), None when none were kept.
+    heard: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,7 @@ class PresenceStore:
             occupancy=occupancy,
             epoch=as_text(reply[2]) if len(reply) > 2 else None,
             epoch_age_ms=int(reply[3]) if len(reply) > 3 else 0,
+            heard=_heard(reply[4]) if len(reply) > 4 else None,
         )
 
     async def release(self, environment_id: str, user_id: str, connection_id: str, *, last_local: bool) -> str | None:
@@ -699,6 +703,12 @@ def _chunks(calls: list[tuple[AsyncScript, list, list]]) -> list[list[tuple[Asyn
         chunks[-1].append(call)
         size += users
     return chunks
+
+
+def _heard(reply: object) -> frozenset[str] | None:
+    """ADMIT's `heard`: "=" and comma-separated channel ids, or "" for none kept."""
+    text = as_text(reply)
+    return frozenset(c for c in text[1:].split(",") if c) if text.startswith("=") else None
 
 
 def _is_list(reply: object) -> bool:

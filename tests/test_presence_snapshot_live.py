@@ -101,6 +101,37 @@ async def test_a_watcher_connecting_between_the_grace_and_its_check_sees_a_user_
     await sees_tuan_back_unannounced(gateway, acme)
 
 
+async def test_a_user_added_to_a_channel_between_their_grace_and_its_check_is_announced_as_they_return(
+    live_instances, acme, redis_client
+):
+    # tuan's key dies at the grace, his check runs at grace + margin (found by the chaos checker:
+    # a reconnect 70 ms after the grace). Added meanwhile to mai's channel, he is found offline;
+    # his return takes over an `online` never retracted and publishes nothing. mai must hear him.
+    [gateway] = live_instances(1, **timings(grace=300, margin=8000))
+    await add_user(acme, "mai")
+    ops = await add_channel(acme, "ops", "public", ("mai",))
+    mai = await connect(gateway, acme, "mai")
+    linh = await connect(gateway, acme, "linh")
+    tuan = await connect(gateway, acme, "tuan")
+    assert await heard(linh, "tuan", 1) == ["online"]
+    await tuan.close()
+    await until(lambda: not redis_client.exists(presence_key(str(acme.environment.id), "tuan")))
+    status, _ = http("PUT", f"{gateway.http_url}/v1/channels/{ops.id}/members/tuan", api_key=acme.api_key)
+    assert status == 201
+    assert "tuan" not in view(mai)
+
+    back = await connect(gateway, acme, "tuan")
+    await logged(gateway, "presence.suppressed", user="tuan", state="online", reason=actions.NEVER_RETRACTED)
+    await mai.wait_for(lambda client: "tuan" in view(client))
+    probe = await barrier(gateway, acme, [mai], channel="ops")
+    assert mai.changes("tuan") == [{"user": "tuan", "state": "online"}]
+    # linh shared fleet and general with him all along: the `online` she heard stands, and she
+    # hears no second one.
+    fleet_probe = await barrier(gateway, acme, [linh])
+    assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
+    await close_all(mai, linh, back, probe, fleet_probe)
+
+
 async def test_a_watcher_connecting_after_a_dead_instances_key_expired_sees_a_user_who_returns(
     live_instances, acme, redis_client
 ):

@@ -277,6 +277,23 @@ async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_withou
     assert (election.won, election.unretracted) == (True, False)
 
 
+async def test_a_connect_taking_over_a_never_retracted_online_learns_which_channels_it_reached(stores, redis_client):
+    one, two = stores
+    await one.elect(ACME, "linh", "c1", channels=["fleet", "general"])
+    # Her key is gone (a close's grace passed, its check not run yet); she is back, in "ops" too.
+    redis_client.delete(presence_key(ACME, "linh"))
+    election = await two.elect(ACME, "linh", "c2", channels=["fleet", "general", "ops"])
+    assert (election.won, election.unretracted, election.heard) == (False, True, frozenset({"fleet", "general"}))
+    # With nothing kept beside her deadline (Redis lost it), which channels it reached is not known.
+    redis_client.delete(presence_key(ACME, "linh"), channels_key(ACME, "linh"))
+    election = await two.elect(ACME, "linh", "c3", channels=["ops"])
+    assert (election.unretracted, election.heard) == (True, None)
+    # A connect that finds her online took over nothing.
+    await two.release(ACME, "linh", "c2", last_local=False)
+    election = await one.elect(ACME, "linh", "c4", channels=["ops"])
+    assert (election.admitted, election.won, election.unretracted, election.heard) == (True, False, False, None)
+
+
 async def test_one_reaper_pass_decides_the_due_users_of_every_bucket_in_one_round_trip_each_way(stores, redis_client):
     one, two = stores
     users = [f"gone-{n}" for n in range(40)]

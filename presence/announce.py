@@ -139,8 +139,13 @@ async def announce_held(environment_id: str, user_id: str, channel_id: str) -> N
     publish = await _publications([(group_name(channel_id), message)])
     if publish is None:
         return  # a separate presence Redis: as in `member_added`
-    if await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish):
+    announced = await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish)
+    if announced:
         log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=len(watchers), holder=True)
+    elif announced is None:
+        # Redis did not answer (the settled attempt can meet a second fault): asked again, as
+        # the request's is, until it answers.
+        await _announce_when_redis_answers(environment_id, user_id, publish, len(watchers))
 
 
 # Announcements waiting for a re-election or for Redis to answer, on the process's event loop
@@ -229,8 +234,15 @@ async def _announce_after(
     delay: float, environment_id: str, user_id: str, publish: Sequence[tuple[str, bytes]], watchers: int
 ) -> None:
     await asyncio.sleep(delay)
-    if await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish):
+    read_at = time.monotonic()
+    announced = await sync_to_async(announce, thread_sensitive=False)(environment_id, user_id, publish)
+    if announced:
         log_event(logger, Event.PRESENCE_ANNOUNCED, user=user_id, watchers=watchers)
+    elif announced is False:
+        # Redis may have lost the key again since it settled.
+        await _announce_if_settling(environment_id, user_id, publish, watchers, read_at)
+    else:
+        await _announce_when_redis_answers(environment_id, user_id, publish, watchers)
 
 
 def member_removed(sender: type, channel_id: str, user_pk: int, **kwargs: object) -> None:

@@ -15,6 +15,7 @@ import time
 import uuid
 
 import pytest
+import redis
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -22,10 +23,11 @@ from django.apps import apps
 from django.contrib.auth import get_user_model
 
 from devtools.embedded_redis import free_port
-from presence import actions
+from presence import actions, announce
 from presence.fabric import group_name, transition_message
 from presence.models import UserStatus
 from presence.scripts import connections_key, marker_key, presence_key
+from presence.store import TIMEOUT_SECONDS
 from relay.asgi import application
 from relay.close_codes import TOO_MANY_CONNECTIONS
 from tests.support import Socket, add_channel, add_user, barrier, close_all, events, published, until
@@ -215,6 +217,34 @@ async def test_the_reaper_waits_while_redis_did_not_answer_its_instance_lately(a
     monkeypatch.setattr(service, "_back_at", time.monotonic() - service.timings.rejoin / 1000)
     await service._reap()
     assert len(reaps) == 1
+
+
+async def test_a_holders_announcement_redis_did_not_answer_is_asked_again_until_it_does(
+    acme, redis_server, redis_client, redis_url, settings
+):
+    # A holder's announcement, made as it applies the change or once Redis settled, can meet a
+    # fault (found by the chaos checker: a long pause right after a restart). Asked again.
+    if redis_server is None:
+        pytest.skip("pauses the embedded Redis")
+    settings.RELAY_PRESENCE_REFRESH_MS = 200  # asked again every interval
+    await add_user(acme, "mai")
+    ops = await add_channel(acme, "ops", "public", ("mai", "hermit"))
+    environment_id = str(acme.environment.id)
+    redis_client.set(presence_key(environment_id, "hermit"), "1", px=60_000)  # online throughout
+    raw = redis.Redis.from_url(redis_url)  # the payload is msgpack
+    listener = raw.pubsub()
+    listener.psubscribe("*")
+    assert listener.get_message(timeout=1)["type"] == "psubscribe"
+    redis_server.pause()
+    asyncio.get_running_loop().call_later(TIMEOUT_SECONDS + 0.3, redis_server.resume)
+
+    await announce.announce_held(environment_id, "hermit", str(ops.id))
+    assert len(announce._later) == 1  # the first attempt got no answer: asked again
+    await asyncio.wait_for(asyncio.gather(*announce._later), 5)
+    heard = await asyncio.to_thread(listener.get_message, timeout=1)
+    assert heard["type"] == "pmessage" and b"hermit" in heard["data"]
+    listener.close()
+    raw.close()
 
 
 async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(

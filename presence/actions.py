@@ -218,11 +218,10 @@ class PresenceService:
         users whose holders have not re-elected them in a Redis that lost its data (0: it
         cannot), for how long (ms) this instance may yet find that it did (`_young`), the
         epoch of the user's bucket it was read in, and the user's channels whose members may not
-        have heard the `online` this connection took over (`unheard`); None when Redis did not
-        answer. Raises
-        ConnectionRefused(4429) when the user already holds the maximum of connections
-        anywhere; nothing is changed then. With Redis unreachable the connection is admitted
-        (presence must not take sockets down with it) and the refresh announces it later.
+        have heard the `online` this connection took over (`_unheard`); None when Redis did not
+        answer. Raises ConnectionRefused(4429) when the user already holds the maximum of
+        connections anywhere; nothing is changed then. With Redis unreachable the connection is
+        admitted (presence must not take sockets down with it) and the refresh announces it later.
         """
         subject = (conn.environment_id, conn.user_id)
         # Registered before the await, so a close of another local connection racing this one

@@ -280,65 +280,54 @@ async def test_a_watchers_repair_read_just_after_redis_restarted_empty_again_is_
         server.close()
 
 
+async def watcher_connecting_before_the_loss_is_noticed_learns_who_stayed(live_instances, acme, restarts: int) -> None:
+    """linh connects to a right after Redis restarted empty, before a's refresh (every 2 s) has
+    found hermit's key gone; tuan's instance is frozen, so his key is not back and her snapshot
+    misses him. Redis restarts `restarts` times in all, each noticed by a. Then tuan's holder
+    re-elects him in silence: she must still be told."""
+    server = EmbeddedRedis().start()
+    try:
+        a, b = live_instances(2, **timings(ttl=6000, refresh=2000, margin=500, RELAY_REDIS_URL=server.url))
+        tuan = await connect(b, acme, "tuan")
+        hermit = await connect(a, acme, "hermit")
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            server.stop()
+            server.start()
+            linh = await connect(a, acme, "linh")
+            assert "tuan" not in linh.of_type("presence.snapshot")[0]["online"]
+            await logged(a, "presence.suppressed", user="hermit", reason=actions.VANISHED)
+            for noticed in range(2, restarts + 1):
+                server.stop()
+                server.start()
+                await until(
+                    lambda noticed=noticed: (
+                        len(lines([a], "presence.suppressed", user="hermit", reason=actions.VANISHED)) == noticed
+                    )
+                )
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
+
+        await linh.wait_for(lambda client: "tuan" in view(client))
+        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
+        await logged(a, "presence.repaired", connection_id=linh.of_type("connection.ack")[0]["connection_id"])
+        await close_all(linh, tuan, hermit)
+    finally:
+        server.close()
+
+
 async def test_a_watcher_connecting_after_redis_restarted_empty_but_before_its_instance_noticed_learns_who_stayed(
     live_instances, acme
 ):
-    # linh connects to a right after Redis restarted empty, before a's refresh (every 2 s) has
-    # found hermit's key gone; tuan's instance is frozen, so his key is not back and her snapshot
-    # misses him. His holder then re-elects him in silence: she must still be told.
-    server = EmbeddedRedis().start()
-    try:
-        a, b = live_instances(2, **timings(ttl=6000, refresh=2000, margin=500, RELAY_REDIS_URL=server.url))
-        tuan = await connect(b, acme, "tuan")
-        hermit = await connect(a, acme, "hermit")
-        os.kill(b.process.pid, signal.SIGSTOP)
-        try:
-            server.stop()
-            server.start()
-            linh = await connect(a, acme, "linh")
-            assert "tuan" not in linh.of_type("presence.snapshot")[0]["online"]
-            await logged(a, "presence.suppressed", user="hermit", reason=actions.VANISHED)
-        finally:
-            os.kill(b.process.pid, signal.SIGCONT)
-        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
-
-        await linh.wait_for(lambda client: "tuan" in view(client))
-        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
-        await logged(a, "presence.repaired", connection_id=linh.of_type("connection.ack")[0]["connection_id"])
-        await close_all(linh, tuan, hermit)
-    finally:
-        server.close()
+    await watcher_connecting_before_the_loss_is_noticed_learns_who_stayed(live_instances, acme, restarts=1)
 
 
 async def test_a_watcher_connecting_between_two_empty_restarts_of_redis_learns_who_stayed(live_instances, acme):
-    # As above, and Redis restarts empty once more before linh's view is checked (found by the
-    # chaos checker: restarts 5 s apart). Her read is of the first loss, though the second has
-    # moved her bucket's epoch on since: she must still be told.
-    server = EmbeddedRedis().start()
-    try:
-        a, b = live_instances(2, **timings(ttl=6000, refresh=2000, margin=500, RELAY_REDIS_URL=server.url))
-        tuan = await connect(b, acme, "tuan")
-        hermit = await connect(a, acme, "hermit")
-        os.kill(b.process.pid, signal.SIGSTOP)
-        try:
-            server.stop()
-            server.start()
-            linh = await connect(a, acme, "linh")
-            assert "tuan" not in linh.of_type("presence.snapshot")[0]["online"]
-            await logged(a, "presence.suppressed", user="hermit", reason=actions.VANISHED)
-            server.stop()
-            server.start()
-            await until(lambda: len(lines([a], "presence.suppressed", user="hermit", reason=actions.VANISHED)) == 2)
-        finally:
-            os.kill(b.process.pid, signal.SIGCONT)
-        await logged(b, "presence.suppressed", user="tuan", reason=actions.VANISHED)
-
-        await linh.wait_for(lambda client: "tuan" in view(client))
-        assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}]
-        await logged(a, "presence.repaired", connection_id=linh.of_type("connection.ack")[0]["connection_id"])
-        await close_all(linh, tuan, hermit)
-    finally:
-        server.close()
+    # Redis restarts empty once more before linh's view is checked (found by the chaos checker:
+    # restarts 5 s apart). Her read is of the first loss, though the second has moved her
+    # bucket's epoch on since.
+    await watcher_connecting_before_the_loss_is_noticed_learns_who_stayed(live_instances, acme, restarts=2)
 
 
 async def test_a_watcher_closing_before_redis_answers_leaves_the_other_watchers_repairs_owed(live_instances, acme):

@@ -341,14 +341,20 @@ def reap_call(bucket: int, user_id: str) -> tuple[list, list]:
     return keys, args
 
 
+async def due_without_a_key(store: PresenceStore, redis_client, user_id: str) -> int:
+    """Admit the user, then leave them as a dead instance would: key gone, deadline due. Their bucket."""
+    await admit(store, ACME, user_id, "c1")
+    redis_client.delete(presence_key(ACME, user_id))
+    bucket = user_bucket(ACME, user_id)
+    redis_client.zadd(deadlines_key(bucket), {member(ACME, user_id): 0})
+    return bucket
+
+
 async def test_a_reap_script_run_after_its_time_decides_nothing(stores, redis_client):
     # Its DUE's time plus a call's timeout: run later, Redis was silent in between, and a holder
     # may have let the user in without an election meanwhile.
     one, _ = stores
-    await admit(one, ACME, "linh", "c1")
-    redis_client.delete(presence_key(ACME, "linh"))
-    bucket = user_bucket(ACME, "linh")
-    redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
+    bucket = await due_without_a_key(one, redis_client, "linh")
     keys, args = reap_call(bucket, "linh")
 
     assert await one._reap(keys=keys, args=[*args, redis_now(redis_client) - 1, member(ACME, "linh")]) == []
@@ -364,10 +370,7 @@ async def test_a_reap_sent_later_than_a_call_may_wait_after_its_due_decides_noth
     # instance's own state before the pass is stale by then: Redis may have been silent meanwhile,
     # and a holder may have let the user in without an election. The next pass decides.
     _, two = stores
-    await admit(two, ACME, "linh", "c1")
-    redis_client.delete(presence_key(ACME, "linh"))
-    bucket = user_bucket(ACME, "linh")
-    redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
+    bucket = await due_without_a_key(two, redis_client, "linh")
     send_scripts, calls = two._send_scripts, []
 
     async def stalled_after_due(scripts):

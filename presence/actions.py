@@ -206,6 +206,10 @@ class PresenceService:
         # next answered this instance (`_recovering_for`).
         self._unanswered = False
         self._back_at = -math.inf
+        # What this instance published lately, the newest per user and oldest first, and the
+        # layer's loss of a pub/sub connection it last sent copies for (`_copy_around_loss`).
+        self._recent: dict[Subject, tuple[float, Owed]] = {}
+        self._copied_loss = -math.inf
 
     # ── connections ──────────────────────────────────────────────────────────
     async def connect(
@@ -271,7 +275,7 @@ class PresenceService:
         elif publish is not None:
             self._owed.pop(subject, None)
             _published(conn.environment_id, conn.user_id, "online", len(channels))
-            self._again_if_unsteady(subject, Owed("online", channels, transition_id, held.invisible))
+            self._sent(subject, Owed("online", channels, transition_id, held.invisible))
         else:
             await self.publish(
                 conn.environment_id, conn.user_id, "online", channels, transition_id, hidden=held.invisible
@@ -545,6 +549,7 @@ class PresenceService:
         if heard is not None:
             self._owed.pop(subject, None)
             _published(environment_id, user_id, "offline", len(heard), last_seen_ms)
+            self._sent(subject, Owed("offline", heard, transition_id, hidden))
         # The channels again, read after the decision: a membership committed after the read
         # above may have been announced `online` to its channel while the key still stood
         # (presence.announce, also a script), and must hear the `offline`. None can be announced
@@ -612,10 +617,11 @@ class PresenceService:
             # Redis faults are handled inside; this is the net that keeps one unexpected error
             # from ending refresh or reaping for good.
             failed=functools.partial(record_failure, name),
-            wanted=lambda: bool(self.held or self._owed) and not self.closed,
+            wanted=lambda: bool(self.held or self._owed or self._recent) and not self.closed,
         )
 
     async def _refresh(self) -> None:
+        self._copy_around_loss()
         await self._retry_owed()
         snapshot = {}
         for subject, held in self.held.items():
@@ -687,7 +693,7 @@ class PresenceService:
             # A reaped user's entries in their channels' online sets outlast the decision
             # (Timings.seen_for): taken out now, as the grace check takes out its user's.
             gone: list[tuple[str, list[str]]] = []
-            for name, won, channels in reaped.decided:
+            for name, won, channels, transition_id in reaped.decided:
                 subject = split_member(name)
                 if not won:
                     suppressed(subject[1], "offline", ANOTHER_PUBLISHED)
@@ -698,6 +704,8 @@ class PresenceService:
                 if prefix is not None or name in reaped.hidden:
                     self._owed.pop(subject, None)
                     _published(*subject, "offline", len(channels))
+                    if transition_id:
+                        self._sent(subject, Owed("offline", channels, transition_id))
                 else:
                     unpublished.append((subject, Owed("offline", channels, str(uuid.uuid4()))))
             if departed:
@@ -763,6 +771,47 @@ class PresenceService:
                         audience=entry.audience,
                     )
 
+    def _sent(self, subject: Subject, owed: Owed) -> None:
+        """Note a transition that went out: kept a while (`_copy_around_loss`), copied if the layer is just back."""
+        now = time.monotonic()
+        self._recent.pop(subject, None)
+        self._recent[subject] = (now, owed)
+        self._forget_sent(now)
+        self._again_if_unsteady(subject, owed)
+
+    def _forget_sent(self, now: float) -> None:
+        """Let go of what went out more than the margin before now, or before a loss not yet copied for.
+
+        A loss is found after it happened, so nothing older can need a copy.
+        """
+        lost = channel_layer().lost_at()
+        since = (lost if lost > self._copied_loss else now) - self.timings.margin / 1000
+        while self._recent:
+            subject, (at, _) = next(iter(self._recent.items()))
+            if at >= since:
+                return
+            del self._recent[subject]
+
+    def _copy_around_loss(self) -> None:
+        """Send again what went out from the margin before the layer lost a connection, once it is back.
+
+        A cut connection loses what was still on its way to its subscriber, though Redis took it
+        (pub/sub keeps nothing): every instance's is cut when Redis's network fails, and the
+        publisher, losing its own, sends again what it published around then. The same id: a
+        watcher that had it drops the copy. A refresh interval after the layer came back, when the
+        others have too; checked and superseded like an owed one.
+        """
+        layer = channel_layer()
+        lost, back = layer.lost_at(), layer.back_at()
+        if lost > self._copied_loss and back >= lost:
+            self._copied_loss = lost
+            since = lost - self.timings.margin / 1000
+            copy_at = back + self.timings.refresh / 1000
+            for subject, (at, owed) in self._recent.items():
+                if at >= since and subject not in self._owed:
+                    self._owe(subject, replace(owed, copy_at=copy_at))
+        self._forget_sent(time.monotonic())
+
     def _again_if_unsteady(self, subject: Subject, owed: Owed) -> None:
         """Send a transition that just went out once more, a refresh interval later, if the layer's Redis is just back.
 
@@ -819,7 +868,7 @@ class PresenceService:
             self._owe(subject, Owed(state, channels, transition_id, hidden, audience))
             return False
         _published(environment_id, user_id, state, len(channels), last_seen_ms)
-        self._again_if_unsteady(subject, Owed(state, channels, transition_id, hidden, audience))
+        self._sent(subject, Owed(state, channels, transition_id, hidden, audience))
         return True
 
     def _script_publishes(

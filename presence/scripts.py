@@ -538,7 +538,8 @@ return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonum
 # the channel layer's own encoding (msgpack) of `presence.fabric.transition_message`.
 # An invisible user's watchers were told `offline` when the user turned invisible (`h` in the hash,
 # VISIBILITY): nothing is published for them, and won is 2.
-# Returns {member, won, channel ids (comma-separated), ...}. Webhooks: a winner of a listening
+# Returns {member, won, channel ids (comma-separated), the id of the `offline` PUBLISHed here ("" for
+# none), ...}. Webhooks: a winner of a listening
 # environment has its `user.offline` XADDed to the bucket's stream.
 #
 # Equivalent Python:
@@ -559,18 +560,19 @@ return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonum
 #             channels = redis[info].get("c", "")
 #             hidden = redis[info].get("h") == "1"          # invisible: watchers heard `offline` then
 #             del deadlines[member], redis[info]
-#             won = marker not in redis
+#             won, transition = marker not in redis, ""
 #             if won:
 #                 redis[marker] = expiring(marker_ttl)
 #                 if hidden:
 #                     won = 2
 #                 elif prefix:
+#                     transition = next_transition_id()
 #                     for channel in channels.split(","):
-#                         redis.publish(prefix + channel, offline_message(member, channel))
+#                         redis.publish(prefix + channel, offline_message(member, channel, transition))
 #                 if env in listening:                     # webhooks: the event, with the decision
 #                     redis.xadd(stream, t="user.offline", e=env, u=user, c=channels,
 #                                l=deadline - ttl - grace)
-#             decided += [member, won, channels]
+#             decided += [member, won, channels, transition]
 #     return decided
 REAP = (
     _NOW
@@ -612,6 +614,7 @@ for i = 10, #ARGV do
       redis.call('ZREM', KEYS[1], name)
       redis.call('DEL', info)
       local won = 0
+      local transition = ''
       if redis.call('SET', marker, '1', 'PX', ARGV[1], 'NX') then
         won = 1
         if hidden then
@@ -622,7 +625,7 @@ for i = 10, #ARGV do
             table.insert(channels, channel)
           end
           made = made + 1
-          local transition = base .. string.format('%08x', made)
+          transition = base .. string.format('%08x', made)
           local user = string.sub(name, 38)
           for _, channel in ipairs(channels) do
             redis.call('PUBLISH', prefix .. channel, cmsgpack.pack({
@@ -641,6 +644,7 @@ for i = 10, #ARGV do
       table.insert(decided, name)
       table.insert(decided, won)
       table.insert(decided, csv)
+      table.insert(decided, transition)
     end
   end
 end

@@ -101,8 +101,9 @@ class Reaped:
     """One reaper pass's answer: the most deadlines due in one bucket, and the users it decided."""
 
     due: int
-    # (member, won the offline election, the channel ids kept beside the deadline)
-    decided: list[tuple[str, bool, list[str]]]
+    # (member, won the offline election, the channel ids kept beside the deadline, the id of the
+    # `offline` the script published: "" when it published none)
+    decided: list[tuple[str, bool, list[str], str]]
     # The winners that were invisible: their watchers heard `offline` already, and were told nothing.
     hidden: frozenset[str] = frozenset()
     # Redis's time just before the script decided them (ms): the bound of their channel entries' removal.
@@ -529,7 +530,7 @@ class PresenceStore:
         # Redis's time before the scripts: no decision is older, and an entry in an online set
         # written after a decision scores at least decision + seen_for (`channels_gone`).
         decided_ms = min(read_at[bucket] for bucket, names in due.items() if names)
-        decided: list[tuple[str, bool, list[str]]] = []
+        decided: list[tuple[str, bool, list[str], str]] = []
         hidden: set[str] = set()
         for chunk in _chunks(calls):
             replies = await self.call("reap", lambda chunk=chunk: self._send_scripts(chunk))
@@ -540,12 +541,17 @@ class PresenceStore:
                 )
             answered = [reply for reply in replies if _is_list(reply)]
             decided += [
-                (as_text(reply[i]), bool(reply[i + 1]), [c for c in as_text(reply[i + 2]).split(",") if c])
+                (
+                    as_text(reply[i]),
+                    bool(reply[i + 1]),
+                    [c for c in as_text(reply[i + 2]).split(",") if c],
+                    as_text(reply[i + 3]),
+                )
                 for reply in answered
-                for i in range(0, len(reply), 3)
+                for i in range(0, len(reply), 4)
             ]
             hidden.update(
-                as_text(reply[i]) for reply in answered for i in range(0, len(reply), 3) if int(reply[i + 1]) == 2
+                as_text(reply[i]) for reply in answered for i in range(0, len(reply), 4) if int(reply[i + 1]) == 2
             )
         return Reaped(due=most, decided=decided, decided_ms=decided_ms, hidden=frozenset(hidden))
 

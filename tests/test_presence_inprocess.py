@@ -247,6 +247,48 @@ async def test_a_holders_announcement_redis_did_not_answer_is_asked_again_until_
     raw.close()
 
 
+async def test_a_transition_published_just_before_the_layer_lost_its_connection_is_sent_once_more(
+    acme, redis_url, redis_client, settings, closing
+):
+    # Redis had taken it, but it was still on its way to other instances when every connection to
+    # Redis was cut (found by the chaos checker): their subscribers lost it with the connection.
+    settings.RELAY_PRESENCE_REFRESH_MS = 200
+    settings.RELAY_PRESENCE_MARGIN_MS = 300
+    await add_user(acme, "mai", ("general",))
+    service = actions.service()
+    environment_id = str(acme.environment.id)
+    linh = await closing(Socket.open(acme.token("linh")))
+    mai = await closing(Socket.open(acme.token("mai")))
+    await linh.wait_changes(2)
+    earlier = service._recent[(environment_id, "mai")][1].transition_id
+    await asyncio.sleep(0.5)  # more than the margin before the loss
+    tuan = await closing(Socket.open(acme.token("tuan")))
+    await tuan.next_of("presence.snapshot")
+    just_before = service._recent[(environment_id, "tuan")][1].transition_id
+    lost = get_channel_layer().lost_at()
+    redis_client.client_kill_filter(_type="pubsub")  # every subscriber's connection, this one's too
+    raw = redis.Redis.from_url(redis_url)  # the payload is msgpack
+    listener = raw.pubsub()
+    listener.psubscribe("*")
+    heard = []
+
+    def copied() -> bool:
+        while (message := listener.get_message(timeout=0.05)) is not None:
+            heard.append(message.get("data"))
+        return any(isinstance(data, bytes) and just_before.encode() in data for data in heard)
+
+    await until(copied)
+    assert get_channel_layer().lost_at() > lost
+    assert not any(isinstance(data, bytes) and earlier.encode() in data for data in heard)
+    # linh had it: the copy (the same id) adds no frame.
+    await add_user(acme, "kim", ("general",))
+    kim = await closing(Socket.open(acme.token("kim")))
+    assert [change["user"] for change in await linh.wait_changes(4)] == ["linh", "mai", "tuan", "kim"]
+    listener.close()
+    raw.close()
+    await close_all(linh, mai, tuan, kim)
+
+
 async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     acme, settings, monkeypatch, run_grace_check, closing
 ):

@@ -8,6 +8,7 @@ import asyncio
 import uuid
 
 import pytest
+import redis
 from redis.asyncio.connection import Connection
 
 from presence import announce as announcements
@@ -240,11 +241,28 @@ async def test_the_reaper_takes_a_due_deadline_whose_key_is_gone_once(stores, re
     redis_client.delete(presence_key(ACME, "linh"))
     for user_id in ("linh", "tuan"):
         redis_client.zadd(user_deadlines_key(ACME, user_id), {member(ACME, user_id): 0})
-    assert (await one.reap()).decided == [(member(ACME, "linh"), True, [])]
+    assert (await one.reap()).decided == [(member(ACME, "linh"), True, [], "")]
     assert (await two.reap()).decided == []
     assert redis_client.zscore(user_deadlines_key(ACME, "linh"), member(ACME, "linh")) is None
     # tuan's key lives, so his deadline is pushed past it rather than taken.
     assert redis_client.zscore(user_deadlines_key(ACME, "tuan"), member(ACME, "tuan")) > 0
+
+
+async def test_the_reaper_answers_the_id_of_each_offline_it_published(stores, redis_client, redis_url):
+    # Its publisher keeps it, to send it once more should the layer lose a connection just then.
+    one, _ = stores
+    await one.elect(ACME, "linh", "c-1", channels=["c1", "c2"])
+    redis_client.delete(presence_key(ACME, "linh"))
+    redis_client.zadd(user_deadlines_key(ACME, "linh"), {member(ACME, "linh"): 0})
+    listener = redis.Redis.from_url(redis_url).pubsub()
+    listener.psubscribe("test-groups:*")
+    assert listener.get_message(timeout=1)["type"] == "psubscribe"
+    ((name, won, channels, transition_id),) = (await one.reap("test-groups:")).decided
+    assert (name, won, channels) == (member(ACME, "linh"), True, ["c1", "c2"])
+    heard = [listener.get_message(timeout=1) for _ in channels]
+    assert [message["channel"] for message in heard] == [b"test-groups:c1", b"test-groups:c2"]
+    assert all(transition_id.encode() in message["data"] for message in heard)
+    listener.close()
 
 
 async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(stores, redis_client):
@@ -253,7 +271,7 @@ async def test_the_reaper_stays_quiet_when_a_grace_check_already_published(store
     redis_client.delete(presence_key(ACME, "linh"))
     assert await check(one, ACME, "linh") == 1
     redis_client.zadd(user_deadlines_key(ACME, "linh"), {member(ACME, "linh"): 0})
-    assert (await two.reap()).decided == [(member(ACME, "linh"), False, [])]
+    assert (await two.reap()).decided == [(member(ACME, "linh"), False, [], "")]
 
 
 async def test_a_connect_after_a_dead_instances_key_expired_takes_it_over_without_a_second_online(stores, redis_client):
@@ -307,7 +325,7 @@ async def test_one_reaper_pass_decides_the_due_users_of_every_bucket_in_one_roun
     reaped = await two.reap()
     # Every bucket's DUE in one pipeline, then one REAP per bucket that had a due user.
     assert sizes == [BUCKETS, len({user_bucket(ACME, user_id) for user_id in users})]
-    assert sorted(name for name, won, _ in reaped.decided if won) == sorted(member(ACME, u) for u in users)
+    assert sorted(name for name, won, *_ in reaped.decided if won) == sorted(member(ACME, u) for u in users)
     assert (await one.reap()).decided == []
 
 
@@ -324,7 +342,8 @@ async def test_the_reaper_leaves_a_deadline_renewed_after_its_due_read(stores, r
     assert not redis_client.exists(marker_key(ACME, "linh"))
     # Due again: the same script decides it.
     redis_client.zadd(deadlines_key(bucket), {member(ACME, "linh"): 0})
-    assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == [member(ACME, "linh").encode(), 1, b""]
+    decided = [member(ACME, "linh").encode(), 1, b"", b""]
+    assert await one._reap(keys=keys, args=[*args, member(ACME, "linh")]) == decided
     assert redis_client.exists(marker_key(ACME, "linh"))
 
 
@@ -361,7 +380,7 @@ async def test_a_reap_script_run_after_its_time_decides_nothing(stores, redis_cl
     assert redis_client.zscore(deadlines_key(bucket), member(ACME, "linh")) == 0
     assert not redis_client.exists(marker_key(ACME, "linh"))
     reply = await one._reap(keys=keys, args=[*args, redis_now(redis_client) + 5000, member(ACME, "linh")])
-    assert reply == [member(ACME, "linh").encode(), 1, b""]
+    assert reply == [member(ACME, "linh").encode(), 1, b"", b""]
     assert redis_client.exists(marker_key(ACME, "linh"))
 
 
@@ -385,7 +404,7 @@ async def test_a_reap_sent_later_than_a_call_may_wait_after_its_due_decides_noth
     assert redis_client.zscore(deadlines_key(bucket), member(ACME, "linh")) == 0
     assert not redis_client.exists(marker_key(ACME, "linh"))
     two._send_scripts = send_scripts
-    assert (await two.reap()).decided == [(member(ACME, "linh"), True, [])]
+    assert (await two.reap()).decided == [(member(ACME, "linh"), True, [], "")]
 
 
 async def test_an_announcement_is_published_only_while_the_user_is_online(stores, redis_client):

@@ -163,12 +163,16 @@ class _Outage:
 
     def __init__(self) -> None:
         self._causes: set[str] = set()
-        # When (monotonic s) the subscriptions last came back after an outage (-inf: never).
+        # When (monotonic s) the subscriptions were last found lost, and last came back after
+        # that (-inf: never).
+        self.lost_at = float("-inf")
         self.subscribed_at = float("-inf")
 
     def begin(self, cause: str, error: BaseException) -> None:
         if not self._causes:
             log_event(logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
+        if cause == "subscribe" and cause not in self._causes:
+            self.lost_at = time.monotonic()
         self._causes.add(cause)
 
     def end(self, cause: str) -> None:
@@ -508,6 +512,10 @@ class _ClusterShard(_Shard):
     def back_at(self) -> float:
         """When (monotonic s) the sharded subscriptions last came back after an outage (-inf: never)."""
         return self._outage.subscribed_at
+
+    def lost_at(self) -> float:
+        """When (monotonic s) the sharded subscriptions were last found lost (-inf: never)."""
+        return self._outage.lost_at
 
     def _subscriptions(self) -> ShardedSubscriptions:
         if self._sharded is None:

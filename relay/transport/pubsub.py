@@ -36,9 +36,10 @@ format) plus everything `relay.layer.RelayLayer` asks of a layer:
   only guards subscription changes.
 - `publications()`: the (Redis channel, payload) a group send would PUBLISH, so a Lua script on
   the same Redis can publish a presence transition in the round trip that decides it.
-- `back_at()`: when a pub/sub connection last came back after a loss. What is published before
-  every process has subscribed again is lost, so presence sends what it published just then
-  once more (`PresenceService._again_if_unsteady`).
+- `lost_at()`, `back_at()`: when a pub/sub connection was last lost, and last came back. What
+  is published before every process has subscribed again is lost, and so is what was still on
+  its way to a subscriber at the loss: presence sends what it published around then once more
+  (`PresenceService._again_if_unsteady`, `PresenceService._copy_around_loss`).
 """
 
 import asyncio
@@ -92,12 +93,30 @@ class _Shard(RedisSingleShardConnection):
         # Redis refused a SUBSCRIBE, or the receiver could not connect again: no confirmation can
         # come until it is back, so no subscribe waits for one. Cleared when the receiver reads.
         self._away = False
-        # When (monotonic s) the receiver last read again after losing its connection.
+        # When (monotonic s) the pub/sub connection was last found lost, and when it was last
+        # whole again after that (every channel subscribed again).
+        self._lost_at = float("-inf")
         self._back_at = float("-inf")
 
     def back_at(self) -> float:
         """When (monotonic s) the pub/sub connection last came back after a loss (-inf: never)."""
         return self._back_at
+
+    def lost_at(self) -> float:
+        """When (monotonic s) the pub/sub connection was last found lost (-inf: never)."""
+        return self._lost_at
+
+    def _lost(self, error: BaseException) -> None:
+        """Note a loss, logged once per outage."""
+        if not self._reconnecting:
+            self._reconnecting = True
+            self._lost_at = time.monotonic()
+            log_event(logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200])
+
+    def _whole_again(self) -> None:
+        self._reconnecting = False
+        self._back_at = time.monotonic()
+        log_event(logger, Event.LAYER_RECONNECTED)
 
     def _ensure_redis(self) -> None:
         if self._redis is None:
@@ -166,11 +185,7 @@ class _Shard(RedisSingleShardConnection):
             # may be a blip, and the reconnect's outcome says.
             self._away = self._away or not reconnecting
             self._unsent.update(channels)
-            if not self._reconnecting:
-                self._reconnecting = True
-                log_event(
-                    logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
-                )
+            self._lost(error)
             if self._retrying is None or self._retrying.done():
                 self._retrying = asyncio.ensure_future(self._resubscribe())
             return False
@@ -187,8 +202,7 @@ class _Shard(RedisSingleShardConnection):
                 if channels and await self._send_subscribe(channels):
                     self._unsent.difference_update(channels)
         if self._reconnecting and self._pubsub is not None and self._pubsub.subscribed:
-            self._reconnecting = False
-            log_event(logger, Event.LAYER_RECONNECTED)
+            self._whole_again()
 
     async def unsubscribe(self, channel: str) -> None:
         """Unsubscribe from one channel (see `unsubscribe_many`)."""
@@ -225,9 +239,7 @@ class _Shard(RedisSingleShardConnection):
                     self._away = False
                     # Whole again once nothing waits to be subscribed (`_resubscribe` says so then).
                     if self._reconnecting and not self._unsent:
-                        self._reconnecting = False
-                        self._back_at = time.monotonic()
-                        log_event(logger, Event.LAYER_RECONNECTED)
+                        self._whole_again()
                     if message is not None and message["type"] == "subscribe":
                         self._confirm(message["channel"])
                     elif message is not None and message["type"] in ("message", "pmessage"):
@@ -254,11 +266,7 @@ class _Shard(RedisSingleShardConnection):
                         if not confirmed.done():
                             confirmed.set_result(None)
                 self._receiving.clear()
-                if not self._reconnecting:
-                    self._reconnecting = True
-                    log_event(
-                        logger, Event.LAYER_DISCONNECTED, logging.ERROR, error=f"{type(error).__name__}: {error}"[:200]
-                    )
+                self._lost(error)
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue
             except Exception:
@@ -470,6 +478,10 @@ class RelayPubSubLoopLayer(RedisPubSubLoopLayer):
         """When (monotonic s) a pub/sub connection of this loop last came back after a loss (-inf: never)."""
         return max(shard.back_at() for shard in self._shards)
 
+    def lost_at(self) -> float:
+        """When (monotonic s) a pub/sub connection of this loop was last found lost (-inf: never)."""
+        return max(shard.lost_at() for shard in self._shards)
+
     def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
         """The Redis channel name of every group named `prefix`..., minus the rest of the group's name.
 
@@ -523,6 +535,10 @@ class RelayPubSubChannelLayer(RedisPubSubChannelLayer):
     def back_at(self) -> float:
         """When (monotonic s) a pub/sub connection of this loop last came back after a loss (-inf: never)."""
         return self._get_layer().back_at()
+
+    def lost_at(self) -> float:
+        """When (monotonic s) a pub/sub connection of this loop was last found lost (-inf: never)."""
+        return self._get_layer().lost_at()
 
     def group_channel_prefix(self, prefix: str, redis_url: str) -> str | None:
         """The Redis channel prefix of the groups named `prefix`..., when they all live on `redis_url`."""

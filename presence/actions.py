@@ -22,7 +22,13 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from presence.fabric import GROUP_PREFIX, State, group_name, transition_message
-from presence.queries import channel_ids_of_member, is_invisible, mark_last_seen, members_seeing_only
+from presence.queries import (
+    channel_ids_of_member,
+    channel_ids_of_members,
+    is_invisible,
+    mark_last_seen,
+    members_seeing_only,
+)
 from presence.scripts import member, split_member
 from presence.store import REAP_BATCH, Election, PresenceStore, Timings, record_failure
 from relay import close_codes, metrics
@@ -158,6 +164,7 @@ def suppressed(user_id: str, state: State, reason: str) -> None:
 # Not in the thread every other database call shares (thread_sensitive): a write stuck there
 # (a message.send behind a locked database) would hold up every `offline` of the instance.
 read_channel_ids = database_sync_to_async(channel_ids_of_member, thread_sensitive=False)
+read_channel_ids_of_members = database_sync_to_async(channel_ids_of_members, thread_sensitive=False)
 read_invisible = database_sync_to_async(is_invisible, thread_sensitive=False)
 write_last_seen = database_sync_to_async(mark_last_seen, thread_sensitive=False)
 read_members_seeing_only = database_sync_to_async(members_seeing_only, thread_sensitive=False)
@@ -664,18 +671,34 @@ class PresenceService:
             self._losses.append((self._answered_began, time.monotonic()))
             self._settling(self.timings.rejoin)
         self._answered_began = began
+        unheard = []
         for name, had_marker in vanished:
             subject, held, _, channels = snapshot[name]
             suppressed(subject[1], "online", VANISHED)
             # If an `offline` went out meanwhile (the marker stood) or this user was never
             # announced (Redis was down at connect), watchers must hear `online` to converge.
-            # To the channels the refresh wrote with the key: the user's connections here may
-            # have closed while earlier ones were published (their close then decides after).
-            if (had_marker or not held.confirmed) and not self.closed:
-                await self.publish(*subject, "online", sorted(channels), hidden=held.invisible)
-                await self.store.write_event(*subject, "online", sorted(channels))
+            if had_marker or not held.confirmed:
+                unheard.append((subject, held, channels))
+        if unheard and not self.closed:
+            members = await self._channels_now([subject for subject, _, _ in unheard])
+            for subject, held, channels in unheard:
+                # To the channels the refresh wrote with the key: the user's connections here may
+                # have closed while earlier ones were published (their close then decides after).
+                # Less those the user has left: the notice of a removal made while Redis was away
+                # was lost, and reaches the connections only with the reconciliation.
+                ordered = sorted(channels & members[subject] if subject in members else channels)
+                await self.publish(*subject, "online", ordered, hidden=held.invisible)
+                await self.store.write_event(*subject, "online", ordered)
         for _, held, _, _ in snapshot.values():
             held.confirmed = True
+
+    async def _channels_now(self, subjects: list[Subject]) -> dict[Subject, set[str]]:
+        """Each user's channels in the database now; {} when it cannot say (logged)."""
+        try:
+            return await read_channel_ids_of_members(subjects)
+        except Exception as error:
+            record_failure("refresh:channels", error)
+            return {}
 
     async def _reap(self) -> None:
         """Decide every due deadline, a pass over every bucket at a time, until fewer than a batch were due in each."""

@@ -35,6 +35,21 @@ def channel_ids_of_member(environment_id: str, external_id: str) -> set[str]:
         return {uuid_text(channel_id) for (channel_id,) in cursor.fetchall()}
 
 
+def channel_ids_of_members(subjects: Collection[tuple[str, str]]) -> dict[tuple[str, str], set[str]]:
+    """The channel ids of each (environment id, external id): one query per environment."""
+    found: dict[tuple[str, str], set[str]] = {subject: set() for subject in subjects}
+    by_environment: dict[str, list[str]] = {}
+    for environment_id, external_id in subjects:
+        by_environment.setdefault(environment_id, []).append(external_id)
+    for environment_id, external_ids in by_environment.items():
+        pairs = Membership.objects.filter(
+            user__environment_id=environment_id, user__external_id__in=external_ids
+        ).values_list("user__external_id", "channel_id")
+        for external_id, channel_id in pairs:
+            found[(environment_id, external_id)].add(str(channel_id))
+    return found
+
+
 def members_of_channels(channel_ids: Collection[str]) -> dict[str, tuple[str, set[str]]]:
     """Each channel's environment id and its members' external ids; unknown channels are left out.
 

@@ -21,6 +21,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.apps import apps
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from devtools.embedded_redis import free_port
 from presence import actions, announce
@@ -30,7 +31,20 @@ from presence.scripts import connections_key, marker_key, presence_key
 from presence.store import TIMEOUT_SECONDS
 from relay.asgi import application
 from relay.close_codes import TOO_MANY_CONNECTIONS
-from tests.support import Socket, add_channel, add_user, barrier, close_all, events, published, until
+from relay.models import Membership
+from relay.queries import db_uuid
+from tests.support import (
+    Socket,
+    add_channel,
+    add_user,
+    barrier,
+    close_all,
+    events,
+    heard,
+    published,
+    states,
+    until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_presence_service")]
 
@@ -768,3 +782,32 @@ async def test_a_refresh_announces_each_user_it_re_elects_to_the_channels_it_wro
     re_elected = [line for line in events(caplog, "presence.published") if line["user"] == closed][-1]
     assert re_elected["state"] == "online" and re_elected["channels"] == (2 if closed == "tuan" else 1)
     await close_all(linh, sockets[first[0]])
+
+
+@database_sync_to_async
+def leave_unnoticed(tenant, user_id: str, channel: str) -> None:
+    """End a membership without its notice, as when Redis was away as it was made."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'DELETE FROM "{Membership._meta.db_table}" WHERE "channel_id" = %s AND "user_id" = %s',
+            [db_uuid(tenant.channels[channel].pk, cursor.db), tenant.users[user_id].pk],
+        )
+
+
+async def test_a_refresh_re_electing_a_user_leaves_out_a_channel_they_left_unnoticed(acme, redis_client, closing):
+    # tuan was removed from general while Redis was away (found by the chaos checker): the notice
+    # was lost, and his connection still listed general when the refresh re-elected him.
+    await add_user(acme, "mai", ("general",))
+    linh = await closing(Socket.open(acme.token("linh")))
+    mai = await closing(Socket.open(acme.token("mai")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
+    assert await heard(linh, "tuan", 1) == await heard(mai, "tuan", 1) == ["online"]
+    await leave_unnoticed(acme, "tuan", "general")
+    environment_id = str(acme.environment.id)
+    redis_client.delete(presence_key(environment_id, "tuan"))
+    redis_client.set(marker_key(environment_id, "tuan"), "offline-said")  # an `offline` went out meanwhile
+    await tick(actions.service())
+    assert await heard(linh, "tuan", 2) == ["online", "online"]  # through fleet
+    probe = await barrier(None, acme, [linh, mai])
+    assert states(mai, "tuan") == ["online"]
+    await close_all(linh, mai, tuan, probe)

@@ -132,6 +132,7 @@ def _group_sends(
     transition_id: str,
     hidden: bool = False,
     audience: list[str] | None = None,
+    again: bool = False,
 ) -> list[tuple[str, dict]]:
     """One transition as a message for the group of each of `channels` (for `audience` alone, if given).
 
@@ -142,7 +143,9 @@ def _group_sends(
     return [
         (
             group_name(channel_id),
-            transition_message(user_id, state, transition_id, channel_id, copies=len(channels), audience=audience),
+            transition_message(
+                user_id, state, transition_id, channel_id, copies=len(channels), audience=audience, again=again
+            ),
         )
         for channel_id in channels
     ]
@@ -851,7 +854,9 @@ class PresenceService:
 
     async def _send(self, subject: Subject, owed: Owed) -> None:
         """Publish a copy of a transition that already went out (not counted, logged or hooked again)."""
-        sends = _group_sends(subject[1], owed.state, owed.channels, owed.transition_id, owed.hidden, owed.audience)
+        sends = _group_sends(
+            subject[1], owed.state, owed.channels, owed.transition_id, owed.hidden, owed.audience, again=True
+        )
         try:
             await channel_layer().group_send_many(sends)
         except Exception as error:

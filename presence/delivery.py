@@ -43,6 +43,9 @@ logger = logging.getLogger("presence")
 # The copies of one group message reach every local member within milliseconds.
 INVALID_COPY_WINDOW_SECONDS = 1.0
 INVALID_SEEN_MAX = 256
+# For how many refresh intervals a process remembers the ids of the single-copy transitions it
+# heard: a publisher sends a copy within two of the first (`PresenceService._copy_around_loss`).
+HEARD_SINGLES_INTERVALS = 3
 # A large channel's occupancy goes out at most once a second (docs/contract.md, Large rooms).
 OCCUPANCY_INTERVAL_SECONDS = 1.0
 # A count read right after a transition could miss the set's update that follows the decision
@@ -176,6 +179,8 @@ class Fanout:
         self.claimed = False
         self._task: asyncio.Task | None = None
         self._invalid_seen: dict[int, float] = {}
+        # The ids of the single-copy transitions heard lately, oldest first, with when (monotonic s).
+        self._singles: dict[str, float] = {}
         # The large channels of this instance's connections: their transitions become counts.
         self.large: set[str] = set()
         self._occupancy_due: dict[str, asyncio.TimerHandle] = {}
@@ -275,6 +280,9 @@ class Fanout:
 
     async def deliver(self, message: dict, members: tuple[str, ...]) -> None:
         """Write one transition to each member, or queue it behind what the member has queued."""
+        if not self._first_single(message):
+            metrics.PRESENCE_DEDUP_DROPS.inc()
+            return
         # Validated once, when a member first needs it.
         transition = functools.cache(functools.partial(parse_fabric, message))
         if self.large and isinstance(parsed := transition(), Transition) and parsed.channel in self.large:
@@ -289,6 +297,28 @@ class Fanout:
                 joining.state[HELD_KEY].append((message, transition))
             else:
                 self.layer.send_local(channel, message)
+
+    def _first_single(self, message: dict) -> bool:
+        """False for a copy sent again of a single-copy transition this process heard the first time.
+
+        A connection remembers no id of a single-copy transition (`Transition.copies`), so its
+        copy would be told twice; the process remembers them for a few refresh intervals instead,
+        once for all its watchers. Read off the raw message: validated later, when delivered.
+        """
+        transition_id = message.get("transition")
+        if message.get("copies") != 1 or not isinstance(transition_id, str):
+            return True
+        if message.get("again") is True and transition_id in self._singles:
+            return False
+        now = time.monotonic()
+        since = now - HEARD_SINGLES_INTERVALS * settings.RELAY_PRESENCE_REFRESH_MS / 1000
+        while self._singles:
+            oldest, heard_at = next(iter(self._singles.items()))
+            if heard_at >= since:
+                break
+            del self._singles[oldest]
+        self._singles[transition_id] = now
+        return True
 
     async def _write(self, conn: Connection, message: dict, transition: Callable) -> None:
         """Write to `conn` now, or queue behind what its consumer has queued (order is kept)."""

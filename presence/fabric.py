@@ -58,6 +58,9 @@ class Transition(StrictModel):
     # Whom it is not for: an invisible user's own connections are not told they went offline
     # (presence/status.py), while everyone else is.
     skip: Identifier | None = None
+    # Sent once more by its publisher, whose layer was unsteady (`PresenceService._send`): a process
+    # drops the copy of a single one it heard the first time (`Fanout.deliver`).
+    again: bool = False
 
     @property
     def single(self) -> bool:
@@ -73,11 +76,14 @@ def transition_message(
     copies: int | None = None,
     audience: list[str] | None = None,
     skip: str | None = None,
+    again: bool = False,
 ) -> dict:
-    """The group message for one channel's copy of a transition (`copies`: of how many)."""
+    """The group message for one channel's copy of a transition (`copies`: of how many; `again`: sent once more)."""
     message = {"type": TRANSITION, "user": user_id, "state": state, "transition": transition_id, "channel": channel_id}
     if copies is not None:
         message["copies"] = copies
+    if again:
+        message["again"] = True
     if audience is not None:
         message["audience"] = audience
     if skip is not None:

@@ -154,6 +154,25 @@ async def test_one_watchers_failure_does_not_cost_the_others_their_frame(acme, q
     await tuan.disconnect()
 
 
+async def test_a_single_copy_transition_sent_again_is_told_once_where_the_first_was_heard(acme, queued):
+    # Its publisher sends it again after losing its layer's connection (`_copy_around_loss`), and
+    # no connection remembers the id of a single-copy transition.
+    fleet = str(acme.channels["fleet"].id)
+    linh = await _open_live(acme.token("linh"), "linh")
+    layer, heard, lost = get_channel_layer(), str(uuid.uuid4()), str(uuid.uuid4())
+    for message in (
+        transition_message("hermit", "online", heard, fleet, copies=1),
+        transition_message("hermit", "online", heard, fleet, copies=1, again=True),
+        # Lost on its way here the first time: its copy is told.
+        transition_message("hermit", "offline", lost, fleet, copies=1, again=True),
+    ):
+        await layer.group_send(group_name(fleet), message)
+    frames = await _frames_until(linh, "presence.changed", "hermit")
+    frames += await _frames_until(linh, "presence.changed", "hermit")
+    assert _changed(frames) == [{"user": "hermit", "state": "online"}, {"user": "hermit", "state": "offline"}]
+    await linh.disconnect()
+
+
 async def test_a_transition_raced_with_a_connect_once_the_process_delivers_is_kept_for_after_the_snapshot(
     acme, queued, monkeypatch
 ):

@@ -114,7 +114,7 @@ class Owed:
     """A transition decided here whose publish failed: sent again until it lands or is superseded.
 
     Or, with `copy_at`, one that went out while Redis was unsteady, sent once more at that time
-    (monotonic s) under the same id (`PresenceService._again_if_unsteady`).
+    (monotonic s) under the same id (`PresenceService._again_if_unsteady`, `_copy_around_loss`).
     """
 
     state: State

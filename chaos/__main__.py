@@ -54,15 +54,16 @@ def main(argv: list[str]) -> int:
     if unknown := set(faults) - set(FAULTS):
         parser.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
     reports = []
+    results = args.results or RESULTS
+    results.parent.mkdir(parents=True, exist_ok=True)
     for seed in range(args.seed, args.seed + args.seeds):
         report = run_seed(seed, args.minutes, args.users, args.out, faults)
         reports.append(report)
         if report.violations:
             print(checker.describe(report, str(args.out / str(seed))))
         say(f"seed {seed}: {report.operations}, faults {report.faults}, violations {report.found}")
-    results = args.results or RESULTS
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(summarize(reports, args.minutes, args.users), indent=2) + "\n")
+        # After every seed: a long run stopped early keeps the summary of the seeds it finished.
+        results.write_text(json.dumps(summarize(reports, args.minutes, args.users), indent=2) + "\n")
     return 1 if any(report.violations for report in reports) else 0
 
 

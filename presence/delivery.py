@@ -19,6 +19,7 @@ import bisect
 import collections
 import functools
 import logging
+import math
 import sys
 import time
 import weakref
@@ -65,6 +66,8 @@ STATE_KEY = "presence"
 VIEW_KEY = "presence.view"
 # Where a connection keeps the messages of its presence groups from joining them until it is live.
 HELD_KEY = "presence.held"
+# When (monotonic s) a connection began joining its presence groups.
+JOINED_AT_KEY = "presence.joined_at"
 
 
 class View:
@@ -129,6 +132,10 @@ async def deliver(conn: Connection, message: dict, parsed: Callable[[], Transiti
     if transition.audience is not None and conn.user_id not in transition.audience:
         return
     if transition.skip is not None and transition.skip == conn.user_id:
+        return
+    if transition.again and conn.state.get(JOINED_AT_KEY, -math.inf) > channel_layer().back_at():
+        # A copy sent once more after a pub/sub loss is for those who were there then: one that
+        # joined once this process was whole again heard the first, or read what it said.
         return
     if not transition.single and not dedup.claim(transition.transition):
         metrics.PRESENCE_DEDUP_DROPS.inc()
@@ -203,6 +210,7 @@ class Fanout:
         meanwhile cost a serialization, a wake-up and a dispatch.
         """
         conn.state[HELD_KEY] = collections.deque()
+        conn.state[JOINED_AT_KEY] = time.monotonic()
         self.joining[conn.channel_name] = conn
 
     async def live(self, conn: Connection) -> None:

@@ -154,23 +154,32 @@ async def test_one_watchers_failure_does_not_cost_the_others_their_frame(acme, q
     await tuan.disconnect()
 
 
-async def test_a_single_copy_transition_sent_again_is_told_once_where_the_first_was_heard(acme, queued):
-    # Its publisher sends it again after losing its layer's connection (`_copy_around_loss`), and
-    # no connection remembers the id of a single-copy transition.
+async def test_a_copy_sent_again_is_told_once_and_only_to_connections_there_at_the_loss(acme, queued, redis_client):
+    # Its publisher sends it again after a pub/sub loss (`_copy_around_loss`): no connection
+    # remembers the id of a single-copy transition, and one that joined after this process was
+    # whole again heard the first or read what it said.
     fleet = str(acme.channels["fleet"].id)
     linh = await _open_live(acme.token("linh"), "linh")
     layer, heard, lost = get_channel_layer(), str(uuid.uuid4()), str(uuid.uuid4())
+    back = layer.back_at()
+    redis_client.client_kill_filter(_type="pubsub")
+    await until(lambda: layer.back_at() > back)
+    tuan = await _open_live(acme.token("tuan"), "tuan")
     for message in (
         transition_message("hermit", "online", heard, fleet, copies=1),
         transition_message("hermit", "online", heard, fleet, copies=1, again=True),
-        # Lost on its way here the first time: its copy is told.
+        # Lost on its way here the first time: its copy is told to linh, who was there.
         transition_message("hermit", "offline", lost, fleet, copies=1, again=True),
+        transition_message("zed", "online", str(uuid.uuid4()), fleet, copies=1),
     ):
         await layer.group_send(group_name(fleet), message)
-    frames = await _frames_until(linh, "presence.changed", "hermit")
-    frames += await _frames_until(linh, "presence.changed", "hermit")
-    assert _changed(frames) == [{"user": "hermit", "state": "online"}, {"user": "hermit", "state": "offline"}]
+    seen_by_linh = _changed(await _frames_until(linh, "presence.changed", "zed"))
+    seen_by_tuan = _changed(await _frames_until(tuan, "presence.changed", "zed"))
+    hermit = [{"user": "hermit", "state": "online"}, {"user": "hermit", "state": "offline"}]
+    assert [change for change in seen_by_linh if change["user"] == "hermit"] == hermit
+    assert [change for change in seen_by_tuan if change["user"] == "hermit"] == hermit[:1]
     await linh.disconnect()
+    await tuan.disconnect()
 
 
 async def test_a_transition_raced_with_a_connect_once_the_process_delivers_is_kept_for_after_the_snapshot(

@@ -258,7 +258,7 @@ async def _repair_if_read_after_the_loss(conn: Connection, read_at: float, epoch
     if epoch is not None and not service.lost_after(read_at):
         now = await service.store.epoch(conn.environment_id, conn.user_id)
         if now == "":
-            # In none: Redis lost it again since (a restart, a pause past the TTL), and this
+            # In no epoch: Redis lost it again since (a restart, a pause past the TTL), and this
             # instance may not know yet. Made once the live holders have re-elected their users.
             await _repair_when_redis_answers(conn)
             return

@@ -251,19 +251,17 @@ def _check_view(conn: Connection, read_at: float, epoch: str | None) -> None:
 
 async def _repair_if_read_after_the_loss(conn: Connection, read_at: float, epoch: str | None) -> None:
     # Its user's bucket still in the epoch of the read: the read came after the loss began it.
-    # In another: before the loss, and whole (a refresh has re-elected the user in a new one),
-    # unless Redis lost its data again since, which began another. None: a repair's read, whose
-    # epoch is not known; made again.
+    # None: a repair's read, whose epoch is not known; made again.
     service = actions.service()
     if epoch is not None and not service.lost_after(read_at):
         now = await service.store.epoch(conn.environment_id, conn.user_id)
-        if now == "":
-            # In no epoch: Redis lost it again since (a restart, a pause past the TTL), and this
-            # instance may not know yet. Made once the live holders have re-elected their users.
-            await _repair_when_redis_answers(conn)
-            return
         if now is not None and now != epoch:
-            conn.state.pop(delivery.VIEW_KEY, None)
+            # In no epoch, or another: Redis may have lost its data again since, which this
+            # instance may not know yet (a pause past the TTL ending as this read waits through
+            # it: the commands queued ahead of the read begin another epoch). Or the read came
+            # before the loss, whole, and the repair tells nothing. Made once the live holders
+            # have re-elected their users.
+            await _repair_when_redis_answers(conn)
             return
     await _repair_when_redis_answers(conn, service.unsettled_for())
 

@@ -180,6 +180,15 @@ class Memberships:
         }
         return true | unknown | near
 
+    def maybe_channels_between(self, tenant: str, user: str, start: float, end: float) -> frozenset:
+        """Every channel the user may have been a member of at some moment of [start, end]."""
+        found = set(self.maybe_channels(tenant, user, end))
+        if start < end:
+            times, _ = self._timeline[(tenant, user)]
+            for at in [start, *times[bisect.bisect_right(times, start) : bisect.bisect_right(times, end)]]:
+                found |= self.maybe_channels(tenant, user, at)
+        return frozenset(found)
+
     def changed(self, tenant: str, user: str, start: float, end: float, channel: str | None = None) -> bool:
         """Whether a change of the user's memberships (in `channel`, if given) overlapped [start, end]."""
         ops = self.ops_of_user.get((tenant, user), [])
@@ -336,6 +345,22 @@ class History:
                 if not fault.local and fault.overlaps(start, end) and fault.t_end - fault.t > longer_than
             ),
             None,
+        )
+
+    def sent_from(self, conn: Conn, t: float) -> float:
+        """The earliest moment a frame `conn` read at `t` may have been sent.
+
+        A reader that stalled reads, as it resumes, what its instance wrote to the socket since
+        the stall began.
+        """
+        slack = self.memberships.slack
+        return min(
+            (
+                fault.t
+                for fault in self.faults
+                if fault.local and fault.target == conn.id and fault.t <= t <= fault.t_end + slack
+            ),
+            default=t,
         )
 
     def stalled(self, start: float, end: float, conn: Conn | None = None, user: str | None = None) -> bool:
@@ -742,7 +767,8 @@ def check_walls_and_reach(history: History) -> tuple[list[Violation], list[Viola
     """No frame names another tenant's user or channel; presence and messages reach only who shares.
 
     Reach is judged generously: a membership is counted from the moment its change was asked
-    for until the slack after it was answered.
+    for until the slack after it was answered, and a frame a stalled reader read as it resumed
+    from the moment the stall began.
     """
     walls, reach, wall_checks, reach_checks = [], [], 0, 0
     for record in history.records:
@@ -766,11 +792,12 @@ def check_walls_and_reach(history: History) -> tuple[list[Violation], list[Viola
             )
             continue
         kind = frame.get("type")
-        mine = history.memberships.maybe_channels(conn.tenant, conn.user, when)
+        sent = history.sent_from(conn, when)
+        mine = history.memberships.maybe_channels_between(conn.tenant, conn.user, sent, when)
         if kind in ("presence.changed", "presence.snapshot"):
             for user in users:
                 reach_checks += 1
-                if not mine & history.memberships.maybe_channels(conn.tenant, user, when):
+                if not mine & history.memberships.maybe_channels_between(conn.tenant, user, sent, when):
                     reach.append(
                         Violation(
                             "reach",

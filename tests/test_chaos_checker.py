@@ -313,6 +313,26 @@ def test_presence_about_someone_who_shares_no_channel_is_caught():
     assert found(records) == {"reach": 1}
 
 
+def test_a_frame_a_stalled_reader_reads_as_it_resumes_is_judged_from_the_stall():
+    # u2 is removed from "ca" at 13 s. Its reader stalled from 12 s to 16 s, and reads as it
+    # resumes the message u1 sent at 12.4 s, written to its socket before the removal.
+    removal = {"k": "member", "t": 13.0, "t_end": 13.1, "tenant": "a", "channel": "ca", "user": "u2", "op": "remove"}
+    records = moved(
+        in_order([*clean(), {**removal, "status": 204}, *message(12.4, "a/u1#0.1", 4, ["a/u1#0.1", "a/u2#0.2"])]),
+        "a/u2#0.2",
+        "message.created",
+        4,
+        16.0,
+    )
+
+    def stalled(until: float) -> list[dict]:
+        return in_order([*records, {"k": "fault", "t": 12.0, "t_end": until, "fault": "stall", "target": "a/u2#0.2"}])
+
+    assert found(stalled(16.0)) == {}
+    # A stall that ended more than the slack before the frame was read does not excuse it.
+    assert found(stalled(13.5)) == {"reach": 1}
+
+
 def test_a_traceback_in_an_instance_log_is_caught():
     line = {"k": "log", "instance": "gw2", "text": "Traceback (most recent call last):\n  ...\nKeyError: 'x'"}
 

@@ -162,12 +162,15 @@ class Memberships:
             states.append((frozenset(true - unknown), frozenset(unknown)))
         return times, states
 
-    def channels(self, tenant: str, user: str, t: float) -> tuple[frozenset, frozenset]:
-        """(channels the user surely was a member of at `t`, channels whose membership is unknown)."""
+    def _timeline_of(self, tenant: str, user: str) -> tuple[list[float], list[tuple[frozenset, frozenset]]]:
         key = (tenant, user)
         if key not in self._timeline:
             self._timeline[key] = self._build(key)
-        times, states = self._timeline[key]
+        return self._timeline[key]
+
+    def channels(self, tenant: str, user: str, t: float) -> tuple[frozenset, frozenset]:
+        """(channels the user surely was a member of at `t`, channels whose membership is unknown)."""
+        times, states = self._timeline_of(tenant, user)
         return states[bisect.bisect_right(times, t) - 1]
 
     def maybe_channels(self, tenant: str, user: str, t: float) -> frozenset:
@@ -184,7 +187,7 @@ class Memberships:
         """Every channel the user may have been a member of at some moment of [start, end]."""
         found = set(self.maybe_channels(tenant, user, end))
         if start < end:
-            times, _ = self._timeline[(tenant, user)]
+            times, _ = self._timeline_of(tenant, user)
             for at in [start, *times[bisect.bisect_right(times, start) : bisect.bisect_right(times, end)]]:
                 found |= self.maybe_channels(tenant, user, at)
         return frozenset(found)
@@ -247,6 +250,8 @@ class History:
                 self.channel_tenant[channel] = tenant
         self.conns: dict[str, Conn] = {}
         self.faults: list[Fault] = []
+        # The stalls of each connection's reader, by connection id (read for every frame).
+        self.stalls: dict[str, list[Fault]] = defaultdict(list)
         self.ops: list[dict] = []
         self.acks: list[tuple[float, str, dict]] = []
         self.sends: list[tuple[float, str, dict]] = []
@@ -292,7 +297,10 @@ class History:
         elif kind == "member":
             self.ops.append(record)
         elif kind == "fault":
-            self.faults.append(Fault(record["fault"], t, record["t_end"], record.get("target")))
+            fault = Fault(record["fault"], t, record["t_end"], record.get("target"))
+            self.faults.append(fault)
+            if fault.local and fault.target is not None:
+                self.stalls[fault.target].append(fault)
         elif kind == "checkpoint":
             self.checkpoints.append(t)
         elif kind == "log":
@@ -355,12 +363,7 @@ class History:
         """
         slack = self.memberships.slack
         return min(
-            (
-                fault.t
-                for fault in self.faults
-                if fault.local and fault.target == conn.id and fault.t <= t <= fault.t_end + slack
-            ),
-            default=t,
+            (stall.t for stall in self.stalls.get(conn.id, ()) if stall.t <= t <= stall.t_end + slack), default=t
         )
 
     def stalled(self, start: float, end: float, conn: Conn | None = None, user: str | None = None) -> bool:

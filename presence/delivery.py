@@ -402,13 +402,18 @@ class Fanout:
         now_large = large - self.large
         self.large = (self.large - local) | large
         for channel_id in sorted(now_small):
-            members = await actions.service().store.channel_members(channel_id)
+            store = actions.service().store
+            members = await store.channel_members(channel_id)
             if members is None:
                 # Logged by the store: counted until a recheck can name its people.
                 self.large.add(channel_id)
                 continue
             self._occupancy_sent.pop(channel_id, None)
-            online = sorted(members)
+            watcher = next((c for c in self.watchers.values() if channel_id in c.channel_ids), None)
+            if watcher is None:
+                continue  # its watchers left meanwhile
+            # Not whoever was said `offline` and is still in the set until its decider takes them out.
+            online = sorted(set(members) - await store.said_offline(watcher.environment_id, members))
             ended = PresenceOccupancy(channel=channel_id, online=len(online), large=False)
             await self._to_watchers(channel_id, "presence.occupancy", [ended])
             frames = [PresenceChanged(user=user_id, state="online") for user_id in online]

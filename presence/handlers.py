@@ -5,6 +5,7 @@ presence/status.py's. `RichPresence` runs before `PresenceExtension` (presence/e
 the election must know whether the user is invisible before it publishes their `online`.
 """
 
+import asyncio
 import logging
 import time
 
@@ -113,11 +114,20 @@ async def _sweep_later(service: actions.PresenceService, environment_id: str, us
 
 
 async def snapshot_status(conn: Connection, online: list[str]) -> tuple[list[str], dict]:
-    """The snapshot's `online` without invisible users (but the user), and the status of each."""
+    """The snapshot's `online` without invisible users (but the user) and those said `offline`
+    since it was read (`PresenceStore.said_offline`, in the same round trip), and the status of each."""
     own = conn.state.pop(OWN_STATUS_KEY, None)
     known = {conn.user_id: own} if own is not None else {}
-    cached = await status.cached_statuses(conn.environment_id, online, known)
-    visible = [user_id for user_id in online if user_id == conn.user_id or not cached[user_id][0].invisible]
+    others = [user_id for user_id in online if user_id != conn.user_id]
+    cached, left = await asyncio.gather(
+        status.cached_statuses(conn.environment_id, online, known),
+        actions.service().store.said_offline(conn.environment_id, others),
+    )
+    visible = [
+        user_id
+        for user_id in online
+        if user_id == conn.user_id or (user_id not in left and not cached[user_id][0].invisible)
+    ]
     return visible, {user_id: cached[user_id][0].out(cached[user_id][1]) for user_id in visible}
 
 

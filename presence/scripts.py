@@ -723,6 +723,26 @@ end
 return 0
 """
 
+# Which of a snapshot's users were said to have left since their entries were written: the
+# channels' online sets are read first, and whoever decides an `offline` takes the user out of
+# them only after its script, on the channels' slots. A user whose key is gone and whose offline
+# marker stands was said `offline` and has not been elected since (ADMIT deletes the marker); a
+# key gone without the marker is a departure not decided yet, whose `offline` the watcher hears.
+#
+# KEYS: presence key and offline marker of each user (any number of users of one slot), read
+# with `read_each`. Returns 1 or 0 for each key: whether it exists.
+#
+# Equivalent Python:
+#
+#     return [1 if key in redis else 0 for key in keys]
+EXISTS_EACH = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('EXISTS', key)
+end
+return out
+"""
+
 
 # ── a membership removed ─────────────────────────────────────────────────────
 

@@ -27,6 +27,7 @@ from presence.scripts import (
     CHANNEL_SEEN,
     CHANNEL_UNSEEN,
     DUE,
+    EXISTS_EACH,
     GRACE_CHECK,
     REAP,
     REFRESH,
@@ -141,10 +142,12 @@ class Timings:
 
         Longer than any deadline a close leaves behind (last refresh + TTL + grace, reaped up to
         one refresh later), so the reaper finds the marker of a normal close and stays quiet
-        instead of publishing a second `offline`. A longer life is harmless: a marker only ever
-        stands while the last published state is `offline`, and the next `online` deletes it.
+        instead of publishing a second `offline`. And as long as a channel entry written before
+        the decision (`seen_for`, the same length): a snapshot that read such an entry finds the
+        marker and leaves the user out (`said_offline`). A longer life is harmless: a marker only
+        ever stands while the last published state is `offline`, and the next `online` deletes it.
         """
-        return self.ttl + self.grace + self.margin + 2 * self.refresh
+        return self.seen_for
 
     @property
     def rejoin(self) -> int:
@@ -221,6 +224,7 @@ class PresenceStore:
         self._reap = self.client.register_script(REAP)
         self._channel_seen = self.client.register_script(CHANNEL_SEEN)
         self._channel_unseen = self.client.register_script(CHANNEL_UNSEEN)
+        self._exists_each = self.client.register_script(EXISTS_EACH)
         # A connect's or close's script goes with the calls made while one round trip is in flight
         # (relay.batching). One call each would put hundreds in flight in a burst, each queued
         # behind the others' set-up on redis-py's pool lock. A call alone goes at once.
@@ -662,6 +666,31 @@ class PresenceStore:
                 if value is not None or deadline is not None
             )
         return [user_id for user_id in user_ids if user_id in online]
+
+    async def said_offline(self, environment_id: str, user_ids: Sequence[str]) -> set[str]:
+        """Which of the environment's `user_ids` were said `offline` and not elected since.
+
+        For a snapshot read from the channels' online sets, which keep a user said `offline` until
+        the decider's next call takes them out (`channels_gone`): a watcher that joined its groups
+        after that `offline` went out must not list them. Read in the batch of script calls the
+        snapshot's status read goes in. Empty when Redis did not answer (logged): the snapshot
+        stands as read.
+        """
+        if not user_ids:
+            return set()
+        keys = [
+            key
+            for user_id in user_ids
+            for key in (presence_key(environment_id, user_id), marker_key(environment_id, user_id))
+        ]
+        found = await self.call("snapshot", lambda: self.read_each(self._exists_each, keys))
+        if found is None:
+            return set()
+        return {
+            user_id
+            for user_id, key, marker in zip(user_ids, found[::2], found[1::2], strict=True)
+            if marker and not key
+        }
 
     async def forget_connections(self, held: Sequence[tuple[tuple[str, str], Sequence[str]]]) -> None:
         """Free the slots of connections an instance drops as it shuts down, in one round trip."""

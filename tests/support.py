@@ -102,6 +102,13 @@ def add_user(tenant: Tenant, user_id: str, channels: tuple[str, ...] = ()) -> Us
 
 
 @database_sync_to_async
+def set_large_room_members(tenant: Tenant, members: int) -> None:
+    """Set the environment's `large_room_members` (above it a channel is counted, not named), from async code."""
+    tenant.environment.large_room_members = members
+    tenant.environment.save(update_fields=["large_room_members"])
+
+
+@database_sync_to_async
 def add_channel(tenant: Tenant, name: str, kind: str, members: tuple[str, ...]) -> Channel:
     """Create the channel `name` in `tenant` with `members`, from async code."""
     return tenant.add_channel(name, kind, members=members)

@@ -27,7 +27,7 @@ from devtools.embedded_redis import free_port
 from presence import actions, announce, delivery, extension
 from presence.fabric import group_name, transition_message
 from presence.models import UserStatus
-from presence.scripts import connections_key, marker_key, presence_key, user_epoch_key
+from presence.scripts import channel_online_key, connections_key, marker_key, presence_key, user_epoch_key
 from presence.store import TIMEOUT_SECONDS
 from relay.asgi import application
 from relay.close_codes import TOO_MANY_CONNECTIONS
@@ -42,6 +42,7 @@ from tests.support import (
     events,
     heard,
     published,
+    set_large_room_members,
     states,
     until,
 )
@@ -335,6 +336,81 @@ async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     probe = await barrier(None, acme, [linh])
     assert linh.changes("tuan") == [{"user": "tuan", "state": "online"}, {"user": "tuan", "state": "offline"}]
     await close_all(linh, probe)
+
+
+async def test_a_snapshot_read_before_the_offline_left_the_channel_sets_does_not_list_the_user(
+    acme, settings, monkeypatch, redis_client, run_grace_check, closing
+):
+    settings.RELAY_PRESENCE_GRACE_MS = 1
+    linh = await closing(Socket.open(acme.token("linh")))
+    tuan = await closing(Socket.open(acme.token("tuan")))
+    await linh.wait_changes(2)
+    service = actions.service()
+    gone, let_go = service.store.channels_gone, asyncio.Event()
+
+    async def taken_out_late(*args, **kwargs):
+        # As a decider whose next call crosses a slow link: the `offline` is out, the entries stay.
+        await let_go.wait()
+        return await gone(*args, **kwargs)
+
+    monkeypatch.setattr(service.store, "channels_gone", taken_out_late)
+    await tuan.close()
+    tuan_key = presence_key(str(acme.environment.id), "tuan")
+    await until(lambda: not redis_client.exists(tuan_key))
+    # His key is gone and nobody decided yet: watchers were told nothing, so he is listed.
+    undecided = await closing(Socket.open(acme.token("linh")))
+    assert (await undecided.next_of("presence.snapshot"))["online"] == ["linh", "tuan"]
+    await run_grace_check(acme, "tuan")
+    assert (await linh.wait_changes(3))[2:] == [{"user": "tuan", "state": "offline"}]
+    fleet = channel_online_key(str(acme.channels["fleet"].id))
+    assert redis_client.zscore(fleet, "tuan") is not None
+    # Joined after the `offline` went out, read while his entries stand: not listed.
+    late = await closing(Socket.open(acme.token("linh")))
+    assert (await late.next_of("presence.snapshot"))["online"] == ["linh"]
+    let_go.set()
+    await until(lambda: redis_client.zscore(fleet, "tuan") is None)
+    # His return reaches the late watcher as any transition does.
+    tuan = await closing(Socket.open(acme.token("tuan")))
+    assert await late.wait_changes(1) == [{"user": "tuan", "state": "online"}]
+    await close_all(linh, undecided, late, tuan)
+
+
+async def test_a_channel_turning_small_names_nobody_said_offline_whose_entry_still_stands(
+    acme, settings, monkeypatch, redis_client, run_grace_check, closing
+):
+    settings.RELAY_PRESENCE_GRACE_MS = 1
+    for user_id in ("mai", "an", "binh"):
+        await add_user(acme, user_id)
+    await set_large_room_members(acme, 3)
+    hall = await add_channel(acme, "hall", "public", ("linh", "tuan", "mai", "an", "binh"))
+    linh = await closing(Socket.open(acme.token("linh")))
+    assert (await linh.next_of("presence.snapshot"))["occupancy"] == {str(hall.id): 1}
+    an = await closing(Socket.open(acme.token("an")))
+    mai = await closing(Socket.open(acme.token("mai")))
+    await an.next_of("presence.snapshot")
+    await mai.next_of("presence.snapshot")
+    service = actions.service()
+    gone, let_go = service.store.channels_gone, asyncio.Event()
+
+    async def taken_out_late(*args, **kwargs):
+        await let_go.wait()
+        return await gone(*args, **kwargs)
+
+    monkeypatch.setattr(service.store, "channels_gone", taken_out_late)
+    await mai.close()
+    await run_grace_check(acme, "mai")
+    await until(lambda: redis_client.exists(marker_key(str(acme.environment.id), "mai")))  # decided
+    assert redis_client.zscore(channel_online_key(str(hall.id)), "mai") is not None
+    # hall turns small while mai, said `offline`, still has her entry: linh is told who is in it.
+    await set_large_room_members(acme, 10)
+    await delivery.fanout().recheck()
+    ended = await linh.wait_for(lambda c: [f for f in c.of_type("presence.occupancy") if "large" in f])
+    assert ended == [{"channel": str(hall.id), "online": 2, "large": False}]
+    probe = await barrier(None, acme, [linh])
+    assert linh.changes("an") == [{"user": "an", "state": "online"}]
+    assert linh.changes("mai") == []
+    let_go.set()
+    await close_all(linh, an, probe)
 
 
 async def test_a_refresh_landing_during_an_election_leaves_the_online_to_it(acme, monkeypatch, caplog, closing):

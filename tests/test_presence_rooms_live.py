@@ -7,26 +7,30 @@ each, small). Here "hall" adds mai, an and binh to them: five members, above the
 """
 
 import pytest
-from channels.db import database_sync_to_async
 
-from tests.support import add_channel, add_user, barrier, close_all, connect, heard, http, states, timings
+from tests.support import (
+    add_channel,
+    add_user,
+    barrier,
+    close_all,
+    connect,
+    heard,
+    http,
+    set_large_room_members,
+    states,
+    timings,
+)
 
 pytestmark = pytest.mark.live
 
 THRESHOLD = 3
 
 
-@database_sync_to_async
-def set_threshold(tenant, members: int) -> None:
-    tenant.environment.large_room_members = members
-    tenant.environment.save(update_fields=["large_room_members"])
-
-
 @pytest.fixture
 async def hall(acme):
     for user_id in ("mai", "an", "binh"):
         await add_user(acme, user_id)
-    await set_threshold(acme, THRESHOLD)
+    await set_large_room_members(acme, THRESHOLD)
     return await add_channel(acme, "hall", "public", ("linh", "tuan", "mai", "an", "binh"))
 
 
@@ -64,7 +68,7 @@ async def test_a_channel_switches_mode_when_the_setting_or_its_members_cross_the
     assert states(linh, "mai") == []
     # The setting raised above hall's five members: hall is small again, and linh hears that
     # its count ended, then who is in it, without reconnecting.
-    await set_threshold(acme, 10)
+    await set_large_room_members(acme, 10)
     assert await heard(linh, "mai", 1) == ["online"]
     ended = {"type": "presence.occupancy", "payload": {"channel": str(hall.id), "online": 2, "large": False}}
     assert [frame for frame in linh.frames if "large" in frame["payload"]] == [ended]

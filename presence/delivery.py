@@ -401,8 +401,8 @@ class Fanout:
         now_small = (self.large & local) - large
         now_large = large - self.large
         self.large = (self.large - local) | large
+        store = actions.service().store
         for channel_id in sorted(now_small):
-            store = actions.service().store
             members = await store.channel_members(channel_id)
             if members is None:
                 # Logged by the store: counted until a recheck can name its people.

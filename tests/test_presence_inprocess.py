@@ -338,6 +338,22 @@ async def test_a_close_racing_a_refresh_still_publishes_offline_after_the_grace(
     await close_all(linh, probe)
 
 
+def hold_channels_gone(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Hold the decider's removal of a user from their channels' online sets until the event is set.
+
+    As a decider whose next call crosses a slow link: the `offline` is out, the entries stay.
+    """
+    store = actions.service().store
+    gone, let_go = store.channels_gone, asyncio.Event()
+
+    async def taken_out_late(*args, **kwargs):
+        await let_go.wait()
+        return await gone(*args, **kwargs)
+
+    monkeypatch.setattr(store, "channels_gone", taken_out_late)
+    return let_go
+
+
 async def test_a_snapshot_read_before_the_offline_left_the_channel_sets_does_not_list_the_user(
     acme, settings, monkeypatch, redis_client, run_grace_check, closing
 ):
@@ -345,15 +361,7 @@ async def test_a_snapshot_read_before_the_offline_left_the_channel_sets_does_not
     linh = await closing(Socket.open(acme.token("linh")))
     tuan = await closing(Socket.open(acme.token("tuan")))
     await linh.wait_changes(2)
-    service = actions.service()
-    gone, let_go = service.store.channels_gone, asyncio.Event()
-
-    async def taken_out_late(*args, **kwargs):
-        # As a decider whose next call crosses a slow link: the `offline` is out, the entries stay.
-        await let_go.wait()
-        return await gone(*args, **kwargs)
-
-    monkeypatch.setattr(service.store, "channels_gone", taken_out_late)
+    let_go = hold_channels_gone(monkeypatch)
     await tuan.close()
     tuan_key = presence_key(str(acme.environment.id), "tuan")
     await until(lambda: not redis_client.exists(tuan_key))
@@ -389,14 +397,7 @@ async def test_a_channel_turning_small_names_nobody_said_offline_whose_entry_sti
     mai = await closing(Socket.open(acme.token("mai")))
     await an.next_of("presence.snapshot")
     await mai.next_of("presence.snapshot")
-    service = actions.service()
-    gone, let_go = service.store.channels_gone, asyncio.Event()
-
-    async def taken_out_late(*args, **kwargs):
-        await let_go.wait()
-        return await gone(*args, **kwargs)
-
-    monkeypatch.setattr(service.store, "channels_gone", taken_out_late)
+    let_go = hold_channels_gone(monkeypatch)
     await mai.close()
     await run_grace_check(acme, "mai")
     await until(lambda: redis_client.exists(marker_key(str(acme.environment.id), "mai")))  # decided
